@@ -1,0 +1,137 @@
+"""Every span name and attribute key agl-bridge writes or reads. Nothing else spells them.
+
+Where the OpenTelemetry GenAI semantic conventions have a name, we use it, so our spans read well
+in any GenAI-aware backend. What training needs and the conventions lack (episodes, turns, token
+ids, rewards, votes, coordination rounds) lives under one namespace of our own, ``agl_bridge.*``.
+
+The converter and the Parquet schema import from here too: renaming an attribute in this file is
+the only place a contract change can happen.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+NAMESPACE: Final = "agl_bridge"
+INSTRUMENTATION_SCOPE: Final = "agl_bridge"
+
+# ---------------------------------------------------------------------------------------------
+# OpenTelemetry GenAI semantic conventions (development status; names as of semconv 1.37+)
+# ---------------------------------------------------------------------------------------------
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_SEED: Final = "gen_ai.request.seed"
+GEN_AI_REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+
+# gen_ai.operation.name values
+OP_CHAT: Final = "chat"
+OP_EXECUTE_TOOL: Final = "execute_tool"
+OP_INVOKE_AGENT: Final = "invoke_agent"
+PROVIDER_OPENAI: Final = "openai"
+
+
+def chat_span_name(model: str | None) -> str:
+    """GenAI convention: ``chat {gen_ai.request.model}``."""
+    return f"{OP_CHAT} {model}" if model else OP_CHAT
+
+
+def invoke_agent_span_name(agent: str | None) -> str:
+    """GenAI convention: ``invoke_agent {gen_ai.agent.name}``."""
+    return f"{OP_INVOKE_AGENT} {agent}" if agent else OP_INVOKE_AGENT
+
+
+def execute_tool_span_name(tool: str) -> str:
+    """GenAI convention: ``execute_tool {gen_ai.tool.name}``."""
+    return f"{OP_EXECUTE_TOOL} {tool}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Our namespace: what RL training needs that the GenAI conventions do not name
+# ---------------------------------------------------------------------------------------------
+# Scope: stamped on every span started inside agl_bridge.episode()/agent()/turn()
+EPISODE_ID: Final = "agl_bridge.episode.id"  # one rollout of the whole team on one task
+TASK_ID: Final = "agl_bridge.task.id"  # the problem; GRPO groups rollouts of the same task
+AGENT_ROLE: Final = "agl_bridge.agent.role"  # the agent's name goes in gen_ai.agent.name
+TURN_INDEX: Final = "agl_bridge.turn.index"
+CANDIDATE_INDEX: Final = "agl_bridge.candidate.index"  # k of K tree-sampled alternatives
+
+# LLM call payload (on `chat {model}` spans)
+PROMPT_TOKEN_IDS: Final = "agl_bridge.llm.prompt_token_ids"
+COMPLETION_TOKEN_IDS: Final = "agl_bridge.llm.completion_token_ids"
+COMPLETION_LOGPROBS: Final = "agl_bridge.llm.completion_logprobs"
+POLICY_VERSION: Final = "agl_bridge.policy.version"  # adapter/policy that produced the sample
+SERVER_KIND: Final = "agl_bridge.llm.server"  # "vllm" when the server answered GET /version
+TOKEN_IDS_STATUS: Final = "agl_bridge.llm.token_ids"  # recorded | not_requested | missing
+
+# Rewards (on `agl_bridge.reward` spans)
+REWARD_VALUE: Final = "agl_bridge.reward.value"
+REWARD_KIND: Final = "agl_bridge.reward.kind"
+REWARD_SCOPE: Final = "agl_bridge.reward.scope"
+REWARD_NAME: Final = "agl_bridge.reward.name"
+
+# Coordination (votes, rounds)
+VOTE_VOTER: Final = "agl_bridge.vote.voter"
+VOTE_TARGET: Final = "agl_bridge.vote.target"
+VOTE_REASON: Final = "agl_bridge.vote.reason"
+COORDINATION_ROUND: Final = "agl_bridge.coordination.round"
+
+# Span names of our own (low cardinality on purpose; ids go in attributes)
+SPAN_EPISODE: Final = "agl_bridge.episode"
+SPAN_TURN: Final = "agl_bridge.turn"
+SPAN_REWARD: Final = "agl_bridge.reward"
+SPAN_VOTE: Final = "agl_bridge.coordination.vote"
+
+
+class RewardScope:
+    """Who a reward is for. Converters match rewards to transitions by scope."""
+
+    TURN: Final = "turn"
+    AGENT: Final = "agent"
+    TEAM: Final = "team"
+    EPISODE: Final = "episode"
+    ALL: Final = (TURN, AGENT, TEAM, EPISODE)
+
+
+class RewardKind:
+    """Where a reward came from; lets training weigh or filter sources."""
+
+    TASK: Final = "task"
+    TOOL: Final = "tool"
+    VOTE: Final = "vote"
+    COORDINATION: Final = "coordination"
+    HUMAN: Final = "human"
+    ALL: Final = (TASK, TOOL, VOTE, COORDINATION, HUMAN)
+
+
+# Values of TOKEN_IDS_STATUS
+TOKEN_IDS_RECORDED: Final = "recorded"
+TOKEN_IDS_NOT_REQUESTED: Final = "not_requested"
+TOKEN_IDS_MISSING: Final = "missing"
+
+# Keys of the scope dict carried in context, mapped to the attribute they stamp on spans.
+SCOPE_ATTRIBUTES: Final = {
+    "episode_id": EPISODE_ID,
+    "task_id": TASK_ID,
+    "agent_name": GEN_AI_AGENT_NAME,
+    "agent_role": AGENT_ROLE,
+    "turn_index": TURN_INDEX,
+    "candidate_index": CANDIDATE_INDEX,
+    "policy_version": POLICY_VERSION,
+}
