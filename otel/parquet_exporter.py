@@ -62,6 +62,10 @@ def _json(obj: Any) -> str | None:
 def span_to_row(span: ReadableSpan) -> dict[str, Any]:
     """One span as a dict of SPAN_SCHEMA columns."""
     ctx = span.context
+    if not isinstance(span.name, str):
+        raise ValueError(f"span name must be a string, got {type(span.name).__name__}")
+    if ctx is None or not ctx.trace_id or not ctx.span_id:
+        raise ValueError("span has no valid trace id / span id")
     attrs = dict(span.attributes or {})
     row: dict[str, Any] = {
         "trace_id": _hex(ctx.trace_id, 32),

@@ -16,7 +16,7 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[str], eps: float
                      ) -> list[float]:
     """(r - mean) / (std + eps) within each group; std is the sample std, as in TRL's GRPO.
 
-    A group of one has no peer to compare with: its advantage is 0, not a division by zero.
+    A group of one, or one whose rewards are all equal, carries no signal: advantage 0.
     """
     if len(rewards) != len(groups):
         raise ValueError(f"{len(rewards)} rewards but {len(groups)} group ids")
@@ -30,6 +30,8 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[str], eps: float
         values = [rewards[i] for i in idx]
         mean = sum(values) / len(values)
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+        if std == 0.0:
+            continue
         for i in idx:
             out[i] = (rewards[i] - mean) / (std + eps)
     return out

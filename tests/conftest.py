@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# One global provider for the whole session (OpenTelemetry allows setting it once).
+_MEMORY = InMemorySpanExporter()
+_PROVIDER = TracerProvider()
+_PROVIDER.add_span_processor(SimpleSpanProcessor(_MEMORY))
+trace.set_tracer_provider(_PROVIDER)
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    """Finished spans of this test only (``spans.get_finished_spans()``)."""
+    _MEMORY.clear()
+    yield _MEMORY
+    _MEMORY.clear()
+
+
+@pytest.fixture
+def provider() -> TracerProvider:
+    return _PROVIDER

@@ -1,0 +1,146 @@
+import asyncio
+
+import openai
+import pytest
+from opentelemetry.trace import SpanKind, StatusCode
+
+import agl_bridge
+from agl_bridge import semconv as sc
+from agl_bridge.integrations.openai import OpenAIInstrumentor, ServerProbe
+from scripted_server import ScriptedServer
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def instrumented():
+    inst = OpenAIInstrumentor()
+    inst.instrument()
+    yield inst
+    inst.uninstrument()
+
+
+def chat_spans(spans):
+    return [s for s in spans.get_finished_spans() if s.name.startswith("chat")]
+
+
+def test_vllm_server_gets_token_ids_requested_and_recorded(spans, instrumented):
+    with ScriptedServer(vllm=True, completion_ids=[7, 8, 9]) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        with agl_bridge.episode("e1", task_id="t1"), agl_bridge.agent("solver"), agl_bridge.turn(1):
+            response = client.chat.completions.create(
+                model="m", messages=MESSAGES, temperature=0.7, max_tokens=5)
+    (body,) = server.requests
+    assert body["return_token_ids"] is True and body["logprobs"] is True
+    (span,) = chat_spans(spans)
+    assert span.name == "chat m" and span.kind == SpanKind.CLIENT
+    a = span.attributes
+    assert list(a[sc.PROMPT_TOKEN_IDS]) == [1, 2, 3, 1]
+    assert list(a[sc.COMPLETION_TOKEN_IDS]) == [7, 8, 9]
+    assert list(a[sc.COMPLETION_LOGPROBS]) == [-0.5, -0.75, -1.0]
+    assert a[sc.TOKEN_IDS_STATUS] == sc.TOKEN_IDS_RECORDED and a[sc.SERVER_KIND] == "vllm"
+    assert (a[sc.EPISODE_ID], a[sc.TASK_ID], a[sc.GEN_AI_AGENT_NAME], a[sc.TURN_INDEX]) == (
+        "e1", "t1", "solver", 1)
+    assert a[sc.GEN_AI_OPERATION_NAME] == "chat" and a[sc.GEN_AI_REQUEST_MODEL] == "m"
+    assert a[sc.GEN_AI_REQUEST_TEMPERATURE] == 0.7 and a[sc.GEN_AI_REQUEST_MAX_TOKENS] == 5
+    assert (a[sc.GEN_AI_USAGE_INPUT_TOKENS], a[sc.GEN_AI_USAGE_OUTPUT_TOKENS]) == (4, 3)
+    assert a[sc.GEN_AI_RESPONSE_ID] == "chatcmpl-scripted"
+    assert tuple(a[sc.GEN_AI_RESPONSE_FINISH_REASONS]) == ("stop",)
+    # the caller sees what it would have seen without us: vLLM's nulls for fields not asked for
+    assert response.prompt_token_ids is None and response.choices[0].token_ids is None
+    assert response.choices[0].logprobs is None
+
+
+def test_response_equals_the_uninstrumented_one(spans):
+    with ScriptedServer(vllm=True) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        plain = client.chat.completions.create(model="m", messages=MESSAGES).model_dump()
+        inst = OpenAIInstrumentor()
+        inst.instrument()
+        try:
+            traced = client.chat.completions.create(model="m", messages=MESSAGES).model_dump()
+        finally:
+            inst.uninstrument()
+    assert traced == plain
+    assert len(chat_spans(spans)) == 1
+
+
+def test_caller_asking_for_logprobs_and_ids_keeps_them(spans, instrumented):
+    with ScriptedServer(vllm=True) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        response = client.chat.completions.create(
+            model="m", messages=MESSAGES, logprobs=True, extra_body={"return_token_ids": True})
+    assert response.choices[0].token_ids == [11, 12, 13]
+    assert [t.logprob for t in response.choices[0].logprobs.content] == [-0.5, -0.75, -1.0]
+
+
+def test_other_servers_get_exactly_the_callers_request(spans, instrumented):
+    with ScriptedServer(vllm=False) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        client.chat.completions.create(model="gpt-x", messages=MESSAGES)
+        client.chat.completions.create(model="gpt-x", messages=MESSAGES)
+    assert all("return_token_ids" not in b and "logprobs" not in b for b in server.requests)
+    assert server.version_hits == 1  # probed once per base URL, remembered
+    for span in chat_spans(spans):
+        assert span.attributes[sc.TOKEN_IDS_STATUS] == sc.TOKEN_IDS_NOT_REQUESTED
+        assert sc.PROMPT_TOKEN_IDS not in span.attributes
+
+
+def test_async_client_records_ids_in_the_right_episode(spans, instrumented):
+    async def rollout(client, i):
+        with agl_bridge.episode(f"e{i}"):
+            await asyncio.sleep(0.001 * (5 - i))
+            await client.chat.completions.create(model="m", messages=MESSAGES * (i + 1))
+
+    async def main(url):
+        client = openai.AsyncOpenAI(base_url=url, api_key="k")
+        await asyncio.gather(*(rollout(client, i) for i in range(5)))
+
+    with ScriptedServer(vllm=True) as server:
+        asyncio.run(main(server.base_url))
+    got = {s.attributes[sc.EPISODE_ID]: list(s.attributes[sc.PROMPT_TOKEN_IDS])
+           for s in chat_spans(spans)}
+    # the scripted prompt ids end with the message count, which differs per episode
+    assert got == {f"e{i}": [1, 2, 3, i + 1] for i in range(5)}
+
+
+def test_errors_end_the_span_with_error_type(spans, instrumented):
+    with ScriptedServer(vllm=True, status=500) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="m", messages=MESSAGES)
+    (span,) = chat_spans(spans)
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes[sc.ERROR_TYPE] == "InternalServerError"
+
+
+def test_token_ids_never_mode_and_bad_mode(spans):
+    inst = OpenAIInstrumentor()
+    inst.instrument(token_ids="never")
+    try:
+        with ScriptedServer(vllm=True) as server:
+            openai.OpenAI(base_url=server.base_url, api_key="k").chat.completions.create(
+                model="m", messages=MESSAGES)
+        assert "return_token_ids" not in server.requests[0] and server.version_hits == 0
+    finally:
+        inst.uninstrument()
+    with pytest.raises(ValueError, match="AGL_BRIDGE_TOKEN_IDS"):
+        OpenAIInstrumentor().instrument(token_ids="sometimes")
+    OpenAIInstrumentor().uninstrument()
+
+
+def test_uninstrument_restores_the_client(spans):
+    inst = OpenAIInstrumentor()
+    inst.instrument()
+    inst.uninstrument()
+    with ScriptedServer(vllm=True) as server:
+        openai.OpenAI(base_url=server.base_url, api_key="k").chat.completions.create(
+            model="m", messages=MESSAGES)
+    assert chat_spans(spans) == [] and "return_token_ids" not in server.requests[0]
+
+
+def test_probe_url_and_unreachable_server():
+    assert ServerProbe.version_url("http://h:1/v1/") == "http://h:1/version"
+    assert ServerProbe.version_url("http://h:1/api") == "http://h:1/api/version"
+    probe = ServerProbe(timeout_s=0.5)
+    assert probe.kind("http://127.0.0.1:9/v1") == "other"

@@ -1,0 +1,37 @@
+import subprocess
+import sys
+
+
+def test_capture_path_never_imports_torch():
+    code = ("import sys, agl_bridge, agl_bridge.otel, agl_bridge.integrations.openai, "
+            "agl_bridge.trainer.transitions; "
+            "bad = [m for m in ('torch', 'transformers', 'peft', 'vllm') if m in sys.modules]; "
+            "print(bad); assert not bad, bad")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_subpackages_live_under_one_import_name():
+    import agl_bridge.integrations.openai as oi
+    import agl_bridge.otel as otel
+    import agl_bridge.trainer.transitions as tr
+
+    assert otel.__name__ == "agl_bridge.otel" and oi.__name__.startswith("agl_bridge.")
+    assert tr.__name__ == "agl_bridge.trainer.transitions"
+
+
+def test_semconv_is_the_only_place_attribute_names_are_spelled():
+    """No module but semconv.py writes an agl_bridge.* or gen_ai.* attribute literal."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"""["'](gen_ai\.[a-z_.]+|agl_bridge\.[a-z_]+\.[a-z_.]+)["']""")
+    offenders = []
+    for folder in ("agl_bridge", "otel", "integrations", "trainer"):
+        for path in (root / folder).rglob("*.py"):
+            if path.name == "semconv.py":
+                continue
+            offenders += [f"{path.relative_to(root)}: {m}" for m in
+                          pattern.findall(path.read_text())]
+    assert offenders == []

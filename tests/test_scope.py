@@ -1,0 +1,96 @@
+import asyncio
+import math
+
+import pytest
+
+import agl_bridge
+from agl_bridge import semconv as sc
+
+
+def by_name(spans, name):
+    return [s for s in spans.get_finished_spans() if s.name == name]
+
+
+def test_nested_scopes_stamp_every_span_and_build_a_tree(spans):
+    with agl_bridge.episode("ep-1", task_id="t-1") as ep:
+        with agl_bridge.agent("solver", role="math"):
+            with agl_bridge.turn(2), agl_bridge.candidate(1):
+                agl_bridge.emit_reward(0.5, scope="turn", kind="tool", name="unit-tests")
+    assert ep == "ep-1"
+    (reward,) = by_name(spans, sc.SPAN_REWARD)
+    assert dict(reward.attributes) == {
+        sc.EPISODE_ID: "ep-1", sc.TASK_ID: "t-1", sc.GEN_AI_AGENT_NAME: "solver",
+        sc.AGENT_ROLE: "math", sc.TURN_INDEX: 2, sc.CANDIDATE_INDEX: 1,
+        sc.REWARD_VALUE: 0.5, sc.REWARD_SCOPE: "turn", sc.REWARD_KIND: "tool",
+        sc.REWARD_NAME: "unit-tests",
+    }
+    (turn,) = by_name(spans, sc.SPAN_TURN)
+    (agent,) = by_name(spans, "invoke_agent solver")
+    (episode,) = by_name(spans, sc.SPAN_EPISODE)
+    assert reward.parent.span_id == turn.context.span_id
+    assert turn.parent.span_id == agent.context.span_id
+    assert agent.parent.span_id == episode.context.span_id
+    assert agent.attributes[sc.GEN_AI_OPERATION_NAME] == "invoke_agent"
+    assert sc.TURN_INDEX not in agent.attributes  # scope is inherited downwards only
+
+
+def test_scope_is_restored_after_the_block(spans):
+    with agl_bridge.episode("outer"):
+        with agl_bridge.agent("a"):
+            pass
+        agl_bridge.emit_reward(1.0)
+    assert agl_bridge.current_scope() == {}
+    (reward,) = by_name(spans, sc.SPAN_REWARD)
+    assert reward.attributes[sc.EPISODE_ID] == "outer"
+    assert sc.GEN_AI_AGENT_NAME not in reward.attributes
+
+
+def test_episode_id_defaults_to_a_fresh_uuid():
+    with agl_bridge.episode() as a, agl_bridge.episode() as b:
+        assert len(a) == 32 and a != b
+
+
+def test_concurrent_asyncio_tasks_keep_their_own_episode(spans):
+    async def rollout(i):
+        with agl_bridge.episode(f"ep-{i}"):
+            await asyncio.sleep(0.01 * (3 - i))
+            agl_bridge.emit_reward(float(i))
+
+    async def main():
+        await asyncio.gather(*(rollout(i) for i in range(3)))
+
+    asyncio.run(main())
+    got = {s.attributes[sc.EPISODE_ID]: s.attributes[sc.REWARD_VALUE]
+           for s in by_name(spans, sc.SPAN_REWARD)}
+    assert got == {"ep-0": 0.0, "ep-1": 1.0, "ep-2": 2.0}
+
+
+@pytest.mark.parametrize("value, error, match", [
+    (math.nan, ValueError, "finite"),
+    (math.inf, ValueError, "finite"),
+    ("1.0", TypeError, "real number"),
+    (True, TypeError, "real number"),
+])
+def test_emit_reward_refuses_bad_values(spans, value, error, match):
+    with pytest.raises(error, match=match):
+        agl_bridge.emit_reward(value)
+    assert by_name(spans, sc.SPAN_REWARD) == []
+
+
+def test_emit_reward_refuses_unknown_scope_and_kind():
+    with pytest.raises(ValueError, match="scope must be one of"):
+        agl_bridge.emit_reward(1.0, scope="galaxy")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        agl_bridge.emit_reward(1.0, kind="vibes")
+
+
+def test_turn_and_candidate_refuse_bad_indices():
+    with pytest.raises(ValueError, match="turn"):
+        with agl_bridge.turn(-1):
+            pass
+    with pytest.raises(ValueError, match="candidate"):
+        with agl_bridge.candidate("0"):
+            pass
+    with pytest.raises(ValueError, match="name"):
+        with agl_bridge.agent(""):
+            pass
