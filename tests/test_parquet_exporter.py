@@ -1,6 +1,10 @@
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -9,8 +13,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
 from agl_bridge import semconv as sc
-from agl_bridge.otel import ParquetSpanExporter
-from agl_bridge.parquet_io import TMP_PREFIX
+from agl_bridge.otel import ParquetSpanExporter, SpanParquetWriter, span_to_row
+from agl_bridge.parquet_io import TMP_PREFIX, iter_parquet_files
 from agl_bridge.schema import SPAN_SCHEMA
 
 
@@ -42,8 +46,8 @@ def test_rows_roundtrip_with_typed_token_ids_and_lossless_attributes(tmp_path, m
 
     exporter = ParquetSpanExporter(tmp_path)
     assert exporter.export(make_spans(build)) == SpanExportResult.SUCCESS
-    (path,) = list(tmp_path.glob("*.parquet"))
-    table = pq.read_table(path)
+    exporter.shutdown()
+    table, _ = read_all(tmp_path)
     assert table.schema.equals(SPAN_SCHEMA, check_metadata=False)
     assert table.schema.field("prompt_token_ids").type == pa.list_(pa.int32())
     rows = {r["name"]: r for r in table.to_pylist()}
@@ -64,43 +68,142 @@ def test_rows_roundtrip_with_typed_token_ids_and_lossless_attributes(tmp_path, m
 def test_promoted_attribute_with_wrong_type_stays_in_json(tmp_path, make_spans):
     spans = make_spans(lambda t: t.start_span("x", attributes={
         sc.TURN_INDEX: "3", sc.PROMPT_TOKEN_IDS: [1, 2**40]}).end())
-    ParquetSpanExporter(tmp_path).export(spans)
-    (row,) = pq.read_table(tmp_path).to_pylist()
+    exporter = ParquetSpanExporter(tmp_path)
+    exporter.export(spans)
+    exporter.shutdown()
+    (row,) = read_all(tmp_path)[0].to_pylist()
     assert row["turn_index"] is None and row["prompt_token_ids"] is None
     assert json.loads(row["attributes"]) == {sc.TURN_INDEX: "3", sc.PROMPT_TOKEN_IDS: [1, 2**40]}
 
 
-def test_files_are_owner_only_and_no_temporaries_remain(tmp_path, make_spans):
+def read_all(directory):
+    files = list(iter_parquet_files(directory))
+    return pa.concat_tables([pq.read_table(f) for f in files]) if files else None, files
+
+
+def test_batches_share_a_partitioned_owner_only_file_and_no_temporaries_remain(
+        tmp_path, make_spans):
     exporter = ParquetSpanExporter(tmp_path)
     for _ in range(3):
         exporter.export(make_spans(lambda t: t.start_span("x").end()))
-    files = sorted(tmp_path.iterdir())
-    assert len(files) == 3 and not any(f.name.startswith(TMP_PREFIX) for f in files)
-    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in files)
-    assert exporter.files_written == 3 and exporter.spans_written == 3
+    assert list(iter_parquet_files(tmp_path)) == []  # durable in the log, not yet a file
+    exporter.shutdown()
+    table, files = read_all(tmp_path)
+    assert len(files) == 1 and table.num_rows == 3
+    rel = files[0].relative_to(tmp_path).parts
+    assert rel[0].startswith("date=20") and rel[1] == "service=unknown_service_python"
+    assert stat.S_IMODE(os.stat(files[0]).st_mode) == 0o600
+    assert not any(p.name.startswith(TMP_PREFIX) for p in tmp_path.rglob("*"))
+    assert list((tmp_path / "_wal").iterdir()) == []
+    assert exporter.spans_written == 3
 
 
-def test_failed_write_leaves_no_file_at_all(tmp_path, make_spans, monkeypatch):
+def test_files_rotate_by_rows_and_by_age(tmp_path, make_spans):
+    writer_dir = tmp_path / "rows"
+    exporter = ParquetSpanExporter(writer_dir, max_file_rows=4, background_rotation=False)
+    for _ in range(5):
+        exporter.export(make_spans(lambda t: [t.start_span("x").end() for _ in range(2)]))
+    assert sorted(pq.read_table(f).num_rows for f in iter_parquet_files(writer_dir)) == [4, 4]
+    exporter.shutdown()
+    assert sorted(pq.read_table(f).num_rows for f in iter_parquet_files(writer_dir)) == [2, 4, 4]
+
+    aged = ParquetSpanExporter(tmp_path / "age", max_file_age_s=0.2)
+    aged.export(make_spans(lambda t: t.start_span("x").end()))
+    deadline = time.monotonic() + 10
+    while not list(iter_parquet_files(tmp_path / "age")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(list(iter_parquet_files(tmp_path / "age"))) == 1  # visible with no flush
+    aged.shutdown()
+
+
+def test_hive_partitions_read_back_with_pyarrow_dataset(tmp_path, make_spans):
+    import pyarrow.dataset as ds
+
+    exporter = ParquetSpanExporter(tmp_path)
+    exporter.export(make_spans(lambda t: t.start_span("x").end()))
+    exporter.shutdown()
+    table = ds.dataset(tmp_path, format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == 1 and table["service"].to_pylist() == ["unknown_service_python"]
+
+
+def test_failed_rotation_keeps_the_log_for_recovery(tmp_path, make_spans, monkeypatch):
+    exporter = ParquetSpanExporter(tmp_path, background_rotation=False)
+    exporter.export(make_spans(lambda t: t.start_span("x").end()))
+
     def broken(table, where, **kw):
         where.write(b"PAR1 half a file")
         raise OSError("disk full")
 
     monkeypatch.setattr(pq, "write_table", broken)
-    exporter = ParquetSpanExporter(tmp_path)
-    result = exporter.export(make_spans(lambda t: t.start_span("x").end()))
-    assert result == SpanExportResult.FAILURE
-    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OSError, match="disk full"):
+        exporter.force_flush()
+    monkeypatch.undo()
+    assert list(iter_parquet_files(tmp_path)) == []  # nothing half-written is visible
+    assert not any(p.name.startswith(TMP_PREFIX) for p in tmp_path.rglob("*"))
+    (log,) = list((tmp_path / "_wal").iterdir())
+    assert SpanParquetWriter.recover(tmp_path, include_live=True) == 1
+    assert read_all(tmp_path)[0].num_rows == 1
+
+
+PRODUCER = """
+import sys, time
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from agl_bridge.otel import ParquetSpanExporter
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(ParquetSpanExporter(sys.argv[1])))
+tracer = provider.get_tracer("crash")
+i = 0
+while True:
+    tracer.start_span(f"span-{i}").end()   # SimpleSpanProcessor: exported (durable) on end
+    print(i, flush=True)
+    i += 1
+    time.sleep(0.002)
+"""
+
+
+def test_kill_9_loses_at_most_the_batch_being_written(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", PRODUCER, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    acknowledged = -1
+    for line in proc.stdout:
+        acknowledged = int(line)
+        if acknowledged >= 200:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(iter_parquet_files(tmp_path)) == []  # the dead producer never finished a file
+    recovered = SpanParquetWriter.recover(tmp_path)
+    names = set(read_all(tmp_path)[0]["name"].to_pylist())
+    assert {f"span-{i}" for i in range(acknowledged + 1)} <= names  # every acknowledged span
+    assert recovered == len(names) and list((tmp_path / "_wal").iterdir()) == []
+
+
+def test_a_log_cut_mid_batch_yields_the_batches_before_the_cut(tmp_path, make_spans):
+    writer = SpanParquetWriter(tmp_path / "src", background_rotation=False)
+    writer.write_rows([span_to_row(s) for s in make_spans(
+        lambda t: [t.start_span(f"a{i}").end() for i in range(3)])])
+    writer.write_rows([span_to_row(s) for s in make_spans(lambda t: t.start_span("b").end())])
+    (log,) = list((tmp_path / "src" / "_wal").iterdir())
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (tmp_path / "dst" / "_wal").mkdir(parents=True)
+    data = log.read_bytes()
+    (tmp_path / "dst" / "_wal" / f"{dead}-cut.arrows").write_bytes(data[: len(data) - 40])
+    assert SpanParquetWriter.recover(tmp_path / "dst") == 3
+    assert sorted(read_all(tmp_path / "dst")[0]["name"].to_pylist()) == ["a0", "a1", "a2"]
+    writer.close()
 
 
 def test_malformed_span_is_quarantined_and_the_batch_survives(tmp_path, make_spans):
     good = make_spans(lambda t: (t.start_span("good").end(), t.start_span("bad").end()))
-    bad = good[1]
-    bad._name = None  # a span whose row cannot be built: name is required
+    good[1]._name = None  # a span whose row cannot be built: name is required
     exporter = ParquetSpanExporter(tmp_path)
     assert exporter.export(good) == SpanExportResult.SUCCESS
-    assert [r["name"] for r in pq.read_table(tmp_path / next(
-        p.name for p in tmp_path.glob("*.parquet"))).to_pylist()] == ["good"]
+    exporter.shutdown()
+    assert read_all(tmp_path)[0]["name"].to_pylist() == ["good"]
     (qfile,) = list((tmp_path / "_quarantine").glob("*.jsonl"))
+    assert stat.S_IMODE(os.stat(qfile).st_mode) == 0o600
     record = json.loads(qfile.read_text())
     assert record["error"] == "ValueError: span name must be a string, got NoneType"
     assert exporter.spans_quarantined == 1 and exporter.spans_written == 1
