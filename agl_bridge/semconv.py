@@ -36,6 +36,13 @@ GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
 GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+GEN_AI_TOOL_TYPE: Final = "gen_ai.tool.type"
+GEN_AI_TOOL_DESCRIPTION: Final = "gen_ai.tool.description"
+GEN_AI_TOOL_DEFINITIONS: Final = "gen_ai.tool.definitions"  # JSON; content: messages level only
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"  # content
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"  # content
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"  # JSON; content: messages level only
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"  # JSON; content: messages level only
 SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 ERROR_TYPE: Final = "error.type"
@@ -79,6 +86,10 @@ COMPLETION_LOGPROBS: Final = "agl_bridge.llm.completion_logprobs"
 POLICY_VERSION: Final = "agl_bridge.policy.version"  # adapter/policy that produced the sample
 SERVER_KIND: Final = "agl_bridge.llm.server"  # "vllm" when the server answered GET /version
 TOKEN_IDS_STATUS: Final = "agl_bridge.llm.token_ids"  # recorded | not_requested | missing
+LLM_STREAM: Final = "agl_bridge.llm.stream"  # bool: the call was streamed
+LLM_TOOL_CALL_NAMES: Final = "agl_bridge.llm.tool_call.names"  # string[]: tools the model called
+LLM_TOOL_CALL_IDS: Final = "agl_bridge.llm.tool_call.ids"  # string[]
+LLM_TOOL_NAMES: Final = "agl_bridge.llm.tool.names"  # string[]: tools offered in the request
 
 # Rewards (on `agl_bridge.reward` spans)
 REWARD_VALUE: Final = "agl_bridge.reward.value"
@@ -124,6 +135,7 @@ class RewardKind:
 TOKEN_IDS_RECORDED: Final = "recorded"
 TOKEN_IDS_NOT_REQUESTED: Final = "not_requested"
 TOKEN_IDS_MISSING: Final = "missing"
+TOKEN_IDS_NOT_CAPTURED: Final = "not_captured"  # AGL_BRIDGE_CAPTURE=none
 
 # Keys of the scope dict carried in context, mapped to the attribute they stamp on spans.
 SCOPE_ATTRIBUTES: Final = {
