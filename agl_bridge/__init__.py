@@ -1,25 +1,47 @@
 """agl-bridge: train multi-agent LLM systems with RL from their own OpenTelemetry traces.
 
-The top level holds only what capture needs (no torch): the scoping API and rewards. Training
-lives in ``agl_bridge.trainer`` (the ``train`` extra), export in ``agl_bridge.otel``.
+The top level holds only what capture needs (no torch): the scoping API, rewards, tools and the
+coordination vocabulary. Training lives in ``agl_bridge.trainer`` (the ``train`` extra), export
+in ``agl_bridge.otel``.
 """
 
 from agl_bridge._version import __version__
+from agl_bridge.capture import CaptureLevel, capture_level
+from agl_bridge.coordination import (
+    final_selection,
+    new_answer,
+    restart,
+    task_step,
+    vote,
+    workflow,
+)
 from agl_bridge.scope import (
     agent,
     candidate,
+    coordination_round,
     current_scope,
     emit_reward,
     episode,
     turn,
 )
+from agl_bridge.tools import tool
 
 __all__ = [
+    "CaptureLevel",
     "__version__",
     "agent",
     "candidate",
+    "capture_level",
+    "coordination_round",
     "current_scope",
     "emit_reward",
     "episode",
+    "final_selection",
+    "new_answer",
+    "restart",
+    "task_step",
+    "tool",
     "turn",
+    "vote",
+    "workflow",
 ]

@@ -1,15 +1,16 @@
 """Scoping API: put spans in an episode, under an agent, at a turn; emit rewards.
 
-For code with no framework integration. The scope lives in a ``contextvars.ContextVar`` so it
-follows asyncio tasks for free; every span agl-bridge starts copies the current scope into its
-attributes, so each LLM span carries its episode, agent and turn itself and the converter never
-has to guess them from the tree.
+For code with no framework integration. The scope lives in the OpenTelemetry context, so it
+goes wherever trace context goes: into asyncio tasks by itself, into threads and thread pools
+with the threading instrumentation (switched on by ``AGL_BRIDGE_AUTO``), and through any
+framework that carries OpenTelemetry context across its own boundaries. Every span agl-bridge
+starts copies the scope into its attributes, so each LLM span carries its episode, agent and
+turn itself and the converter never has to guess them from the tree.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import math
 import numbers
 import uuid
@@ -17,43 +18,53 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from agl_bridge import _lazy
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 
-_SCOPE: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
-    "agl_bridge_scope", default=MappingProxyType({})
-)
+_SCOPE_KEY = otel_context.create_key("agl_bridge.scope")
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def tracer() -> trace.Tracer:
     """Our tracer on the global provider (a proxy until one is set, so import order is free)."""
+    _lazy.ensure()
     return trace.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__)
 
 
 def current_scope() -> Mapping[str, Any]:
     """The scope in force here: keys of ``semconv.SCOPE_ATTRIBUTES`` that are set."""
-    return _SCOPE.get()
+    return otel_context.get_value(_SCOPE_KEY) or _EMPTY
 
 
 def scope_attributes() -> dict[str, Any]:
     """The current scope as span attributes."""
-    return {sc.SCOPE_ATTRIBUTES[k]: v for k, v in _SCOPE.get().items()}
+    return {sc.SCOPE_ATTRIBUTES[k]: v for k, v in current_scope().items()}
+
+
+@contextlib.contextmanager
+def scoped(**scope: Any) -> Iterator[Mapping[str, Any]]:
+    """Add keys of ``semconv.SCOPE_ATTRIBUTES`` to the scope for the block (None = unchanged)."""
+    merged = MappingProxyType({**current_scope(),
+                               **{k: v for k, v in scope.items() if v is not None}})
+    token = otel_context.attach(otel_context.set_value(_SCOPE_KEY, merged))
+    try:
+        yield merged
+    finally:
+        otel_context.detach(token)
 
 
 @contextlib.contextmanager
 def _scoped(span_name: str, extra_attributes: Mapping[str, Any], **scope: Any) -> Iterator[Any]:
-    merged = dict(_SCOPE.get())
-    merged.update({k: v for k, v in scope.items() if v is not None})
-    token = _SCOPE.set(MappingProxyType(merged))
-    try:
+    """A scope change with a span around it that carries the new scope."""
+    with scoped(**scope) as merged:
         attributes = {sc.SCOPE_ATTRIBUTES[k]: v for k, v in merged.items()}
         attributes.update(extra_attributes)
         with tracer().start_as_current_span(span_name, attributes=attributes) as span:
             yield span
-    finally:
-        _SCOPE.reset(token)
 
 
 @contextlib.contextmanager
@@ -80,8 +91,7 @@ def agent(name: str, *, role: str | None = None) -> Iterator[Any]:
 @contextlib.contextmanager
 def turn(index: int) -> Iterator[Any]:
     """Spans inside belong to turn ``index`` (0-based) of the current agent."""
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"agl_bridge.turn(index): index must be an int >= 0, got {index!r}")
+    _check_index("turn", index)
     with _scoped(sc.SPAN_TURN, {}, turn_index=index) as span:
         yield span
 
@@ -89,34 +99,59 @@ def turn(index: int) -> Iterator[Any]:
 @contextlib.contextmanager
 def candidate(index: int) -> Iterator[None]:
     """Mark calls inside as candidate ``index`` of K sampled alternatives of one agent-turn."""
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"agl_bridge.candidate(index): index must be an int >= 0, got {index!r}")
-    merged = dict(_SCOPE.get(), candidate_index=index)
-    token = _SCOPE.set(MappingProxyType(merged))
-    try:
+    _check_index("candidate", index)
+    with scoped(candidate_index=index):
         yield None
-    finally:
-        _SCOPE.reset(token)
+
+
+@contextlib.contextmanager
+def coordination_round(index: int) -> Iterator[Any]:
+    """Spans inside belong to coordination round ``index`` of a voting/debating orchestrator."""
+    _check_index("coordination_round", index)
+    with _scoped(sc.SPAN_ROUND, {}, coordination_round=index) as span:
+        yield span
+
+
+def _check_index(what: str, index: Any) -> None:
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"agl_bridge.{what}(index): index must be an int >= 0, got {index!r}")
+
+
+def _finite(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where} must be finite, got {value!r}")
+    return value
 
 
 def emit_reward(
-    value: float,
+    value: float | Mapping[str, float],
     *,
     scope: str = sc.RewardScope.EPISODE,
     kind: str = sc.RewardKind.TASK,
     name: str | None = None,
-) -> None:
+) -> float:
     """Record a reward as a zero-length ``agl_bridge.reward`` span in the current scope.
 
-    ``scope`` says who the reward is for (turn, agent, team, episode); ``kind`` where it came
-    from. A reward that is not a finite number is refused here, where the caller can still see
-    the line that made it, rather than poisoning a training batch later.
+    ``value`` is a number, or named parts (``{"correct": 1.0, "format": 0.5}``) whose sum is the
+    value and which are kept one attribute each. ``scope`` says who the reward is for (turn,
+    agent, team, episode); ``kind`` where it came from. A reward that is not a finite number is
+    refused here, where the caller can still see the line that made it, rather than poisoning a
+    training batch later. Returns the value recorded.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"emit_reward: value must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"emit_reward: value must be finite, got {value!r}")
+    parts: dict[str, float] = {}
+    if isinstance(value, Mapping):
+        if not value:
+            raise ValueError("emit_reward: parts must not be empty")
+        for part, v in value.items():
+            if not isinstance(part, str) or not part:
+                raise ValueError(f"emit_reward: part names must be non-empty strings, got {part!r}")
+            parts[part] = _finite(v, f"emit_reward: part {part!r}")
+        value = math.fsum(parts.values())
+    else:
+        value = _finite(value, "emit_reward: value")
     if scope not in sc.RewardScope.ALL:
         raise ValueError(f"emit_reward: scope must be one of {sc.RewardScope.ALL}, got {scope!r}")
     if kind not in sc.RewardKind.ALL:
@@ -125,4 +160,6 @@ def emit_reward(
     attributes.update({sc.REWARD_VALUE: value, sc.REWARD_SCOPE: scope, sc.REWARD_KIND: kind})
     if name:
         attributes[sc.REWARD_NAME] = name
+    attributes.update({sc.reward_part_attribute(p): v for p, v in parts.items()})
     tracer().start_span(sc.SPAN_REWARD, attributes=attributes).end()
+    return value

@@ -97,17 +97,46 @@ REWARD_KIND: Final = "agl_bridge.reward.kind"
 REWARD_SCOPE: Final = "agl_bridge.reward.scope"
 REWARD_NAME: Final = "agl_bridge.reward.name"
 
-# Coordination (votes, rounds)
+REWARD_PART_PREFIX: Final = "agl_bridge.reward.part."  # + part name: one attribute per part
+
+# Coordination (votes, answers, restarts, rounds) for voting/debating orchestrators
 VOTE_VOTER: Final = "agl_bridge.vote.voter"
 VOTE_TARGET: Final = "agl_bridge.vote.target"
-VOTE_REASON: Final = "agl_bridge.vote.reason"
+VOTE_REASON: Final = "agl_bridge.vote.reason"  # content
 COORDINATION_ROUND: Final = "agl_bridge.coordination.round"
+COORDINATION_AGENT: Final = "agl_bridge.coordination.agent"  # who answered / restarted / won
+COORDINATION_REASON: Final = "agl_bridge.coordination.reason"  # why a restart / selection
+ANSWER_LABEL: Final = "agl_bridge.answer.label"  # how the orchestrator names an answer
+ANSWER_CONTENT: Final = "agl_bridge.answer.content"  # content
+VOTE_COUNTS: Final = "agl_bridge.vote.counts"  # JSON {agent: votes} on a final selection
+
+# DAG workflows (Flow-style orchestrators): a workflow of tasks with dependencies
+WORKFLOW_ID: Final = "agl_bridge.workflow.id"
+WORKFLOW_TASK_ID: Final = "agl_bridge.workflow.task.id"
+WORKFLOW_TASK_DEPENDS_ON: Final = "agl_bridge.workflow.task.depends_on"  # string[]
+WORKFLOW_TASK_ATTEMPT: Final = "agl_bridge.workflow.task.attempt"  # 0-based
+WORKFLOW_VALIDATION_PASSED: Final = "agl_bridge.workflow.validation.passed"  # bool
 
 # Span names of our own (low cardinality on purpose; ids go in attributes)
 SPAN_EPISODE: Final = "agl_bridge.episode"
 SPAN_TURN: Final = "agl_bridge.turn"
 SPAN_REWARD: Final = "agl_bridge.reward"
 SPAN_VOTE: Final = "agl_bridge.coordination.vote"
+SPAN_NEW_ANSWER: Final = "agl_bridge.coordination.new_answer"
+SPAN_RESTART: Final = "agl_bridge.coordination.restart"
+SPAN_FINAL_SELECTION: Final = "agl_bridge.coordination.final_selection"
+SPAN_ROUND: Final = "agl_bridge.coordination.round"
+SPAN_WORKFLOW: Final = "agl_bridge.workflow"
+# workflow task steps: the span is named after the step
+WORKFLOW_STEPS: Final = ("schedule", "execute", "validate", "retry")
+
+
+def workflow_step_span_name(step: str) -> str:
+    return f"agl_bridge.workflow.task.{step}"
+
+
+def reward_part_attribute(part: str) -> str:
+    return REWARD_PART_PREFIX + part
 
 
 class RewardScope:
@@ -146,4 +175,7 @@ SCOPE_ATTRIBUTES: Final = {
     "turn_index": TURN_INDEX,
     "candidate_index": CANDIDATE_INDEX,
     "policy_version": POLICY_VERSION,
+    "coordination_round": COORDINATION_ROUND,
+    "workflow_id": WORKFLOW_ID,
+    "workflow_task_id": WORKFLOW_TASK_ID,
 }

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.agl-bridge-installed
-want=$(cat pyproject.toml scripts/setup-venv.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py agl_bridge_auto.pth scripts/setup-venv.sh | sha256sum | cut -d' ' -f1)
 if [[ -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
   exit 0
 fi
@@ -22,5 +22,8 @@ else
   # needs none of them
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# an editable install does not ship the start-up hook that the wheel carries; put it in place so
+# AGL_BRIDGE_AUTO=1 works in the development environment too
+cp agl_bridge_auto.pth "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 echo "$want" > "$STAMP"
 echo "[setup] $VENV ready" >&2

@@ -69,6 +69,8 @@ def test_concurrent_asyncio_tasks_keep_their_own_episode(spans):
     (math.nan, ValueError, "finite"),
     (math.inf, ValueError, "finite"),
     ("1.0", TypeError, "real number"),
+    ({"a": math.nan}, ValueError, "part .a. must be finite"),
+    ({}, ValueError, "must not be empty"),
     (True, TypeError, "real number"),
 ])
 def test_emit_reward_refuses_bad_values(spans, value, error, match):

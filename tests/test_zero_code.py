@@ -1,0 +1,130 @@
+"""Zero-code capture as a new user meets it: the built wheel, installed (not editable) into a
+fresh venv, an unmodified agent script, configuration by environment variables only."""
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agl_bridge.parquet_io import iter_parquet_files
+from scripted_server import ScriptedServer
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENT = Path(__file__).parent / "agents" / "plain_openai_agent.py"
+# the venv holds third-party dependencies only, cached per pyproject; our wheel is reinstalled
+# on every run, so the code under test is always the current tree
+VENV_DEPS = ["openai", "opentelemetry-distro"]
+
+
+@pytest.fixture(scope="session")
+def wheel_python(tmp_path_factory) -> Path:
+    dist = tmp_path_factory.mktemp("dist")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(dist), str(ROOT)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = dist.glob("agl_bridge-*.whl")
+    key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    venv = ROOT / ".cache" / f"venv-wheel-{key}"
+    python = venv / "bin" / "python"
+    if not (venv / ".deps-ok").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        deps = subprocess.run([str(python), "-m", "pip", "install", "-q", f"{wheel}[openai]",
+                               *VENV_DEPS], capture_output=True, text=True)
+        assert deps.returncode == 0, deps.stdout + deps.stderr
+        (venv / ".deps-ok").touch()
+    again = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
+                            "--force-reinstall", str(wheel)], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    return python
+
+
+def run_agent(python, base_url, env, *args):
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
+    # run from the program's own directory, as its user would (the repo root holds a source
+    # folder named agl_bridge that would shadow the installed package)
+    return subprocess.run([str(python), str(AGENT), base_url, *args], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120, cwd=AGENT.parent)
+
+
+def read_spans(directory):
+    files = list(iter_parquet_files(directory))
+    return pa.concat_tables([pq.read_table(f) for f in files]).to_pylist() if files else [], files
+
+
+def test_auto_captures_an_unmodified_program(wheel_python, tmp_path):
+    with ScriptedServer(vllm=True, completion_ids=[5, 6]) as server:
+        out = run_agent(wheel_python, server.base_url, {
+            "AGL_BRIDGE_AUTO": "1", "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces"),
+            "OTEL_SERVICE_NAME": "my-agents"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["hello"] * 3  # the program's own output is unchanged
+    rows, files = read_spans(tmp_path / "traces")
+    chats = {r["request_model"]: r for r in rows if r["operation_name"] == "chat"}
+    assert set(chats) == {"solver", "checker", "tool-agent"}
+    for r in chats.values():
+        assert r["completion_token_ids"] == [5, 6] and r["prompt_token_ids"] == [1, 2, 3, 1]
+        assert r["service_name"] == "my-agents"
+    assert all(f.relative_to(tmp_path / "traces").parts[1] == "service=my-agents" for f in files)
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    assert all(b["return_token_ids"] is True for b in server.requests)
+
+
+def test_unset_means_nothing_happens(wheel_python, tmp_path):
+    with ScriptedServer(vllm=True) as server:
+        out = run_agent(wheel_python, server.base_url, {
+            "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces")})
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "traces").exists()
+    assert all("return_token_ids" not in b for b in server.requests)
+
+
+def test_the_applications_own_provider_is_reused(wheel_python, tmp_path):
+    console = tmp_path / "console.jsonl"
+    with ScriptedServer(vllm=True) as server:
+        out = run_agent(wheel_python, server.base_url, {
+            "AGL_BRIDGE_AUTO": "1", "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces")},
+            "--own-provider", str(console))
+    assert out.returncode == 0, out.stderr
+    rows, _ = read_spans(tmp_path / "traces")
+    assert sorted(r["request_model"] for r in rows) == ["checker", "solver", "tool-agent"]
+    app_seen = console.read_text()
+    for model in ("solver", "checker", "tool-agent"):  # the app's exporter got them too
+        assert f'"name": "chat {model}"' in app_seen
+
+
+def test_opentelemetry_instrument_loads_our_entry_points(wheel_python, tmp_path):
+    instrument = wheel_python.with_name("opentelemetry-instrument")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
+    with ScriptedServer(vllm=True) as server:
+        out = subprocess.run(
+            [str(instrument), str(wheel_python), str(AGENT), server.base_url],
+            env={**clean, "OTEL_TRACES_EXPORTER": "parquet", "OTEL_SERVICE_NAME": "via-otel",
+                 "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces")},
+            capture_output=True, text=True, timeout=120, cwd=AGENT.parent)
+    assert out.returncode == 0 and (tmp_path / "traces").is_dir(), out.stderr
+    rows, _ = read_spans(tmp_path / "traces")
+    chats = [r for r in rows if r["operation_name"] == "chat"]
+    assert len(chats) == 3 and all(r["prompt_token_ids"] for r in chats)
+    assert {r["service_name"] for r in chats} == {"via-otel"}
+
+
+def test_bad_settings_are_reported_and_the_program_still_runs(wheel_python, tmp_path):
+    with ScriptedServer(vllm=True) as server:
+        out = run_agent(wheel_python, server.base_url, {
+            "AGL_BRIDGE_AUTO": "1", "OTEL_TRACES_EXPORTER": "parquet,kafka",
+            "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces")})
+    assert out.returncode == 0 and out.stdout.split() == ["hello"] * 3
+    assert "agl-bridge: AGL_BRIDGE_AUTO is set but start-up failed" in out.stderr
+    assert "unknown exporter(s) ['kafka']" in out.stderr
+    assert not list(iter_parquet_files(tmp_path)) if (tmp_path / "traces").exists() else True
