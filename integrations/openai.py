@@ -8,7 +8,26 @@ server sends when nobody asks.
 
 Which servers are vLLM is learned once per base URL from ``GET /version`` (vLLM answers it with
 ``{"version": ...}``); any other server gets exactly the request the caller made.
-Streaming calls pass through untraced in this version.
+
+Streaming (``stream=True``, sync and async) returns the SDK's stream wrapped in a proxy that
+records each chunk as it passes and ends the span exactly once: when the stream is exhausted,
+raises, is closed (``close()``, ``with``/``async with`` exit, an early ``break`` then close) or
+is garbage collected. vLLM 0.32 streams the ids like this (observed on a real server):
+
+* the first chunk of each choice (the ``role`` delta) carries the top-level
+  ``prompt_token_ids`` (a list when asked, ``null`` when not) and ``prompt_text: null``;
+  its choice has no ``token_ids`` key;
+* every later chunk's choice carries ``token_ids``: the ids of that chunk's tokens when asked,
+  ``null`` when not; its ``logprobs`` is ``{"content": [...]}`` when asked, ``null`` when not;
+* with ``stream_options.include_usage`` a last chunk has ``choices: []`` and the usage.
+
+We never add ``stream_options`` (that would add a chunk the caller did not ask for), so a
+stream's span has token usage only when the caller asked for it.
+
+What is recorded follows ``AGL_BRIDGE_CAPTURE`` (``agl_bridge.capture``), read at each call:
+``none`` asks the server for nothing and records no ids, text or tool names; ``token_ids``
+(default) adds ids, logprobs, offered tool names and the names and ids of the tools called;
+``messages`` adds the input and output messages, tool definitions and tool-call arguments.
 """
 
 from __future__ import annotations
@@ -20,18 +39,19 @@ import os
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
-from opentelemetry.trace import SpanKind
-from wrapt import wrap_function_wrapper
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from wrapt import ObjectProxy, wrap_function_wrapper
 
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
-from agl_bridge.scope import current_scope, scope_attributes
+from agl_bridge.capture import CaptureLevel, capture_level
+from agl_bridge.scope import scope_attributes
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +65,30 @@ def _given(value: Any) -> bool:
     return value is not None and type(value).__name__ not in ("NotGiven", "Omit")
 
 
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """``obj[key]`` for mappings (request params), ``obj.key`` for SDK models."""
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _extra(model: Any) -> dict[str, Any]:
+    """Fields the SDK's pydantic model does not declare (vLLM's ``token_ids`` and friends)."""
+    return getattr(model, "model_extra", None) or {}
+
+
+def _json(value: Any) -> str:
+    def default(o: Any) -> Any:
+        dump = getattr(o, "model_dump", None)
+        if callable(dump):
+            return dump(mode="json", exclude_unset=True)
+        if isinstance(o, (set, frozenset)):
+            return list(o)
+        return str(o)
+
+    return json.dumps(value, default=default, ensure_ascii=False)
+
+
 class ServerProbe:
     """Remembers, per base URL, whether the server is vLLM. One ``GET /version`` per URL."""
 
@@ -52,6 +96,7 @@ class ServerProbe:
         self._timeout = timeout_s
         self._kinds: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._url_locks: dict[str, threading.Lock] = {}
 
     @staticmethod
     def version_url(base_url: str) -> str:
@@ -64,51 +109,145 @@ class ServerProbe:
         return self._kinds.get(base_url)
 
     def kind(self, base_url: str) -> str:
-        """``"vllm"`` or ``"other"``; network errors count as other (and are remembered)."""
+        """``"vllm"`` or ``"other"``; network errors count as other (and are remembered).
+
+        Concurrent first calls for one URL wait for a single probe instead of each sending one.
+        """
         found = self._kinds.get(base_url)
         if found is not None:
             return found
-        kind = "other"
-        try:
-            with urllib.request.urlopen(self.version_url(base_url), timeout=self._timeout) as r:
-                body = json.loads(r.read(4096) or b"{}")
-                if isinstance(body, dict) and "version" in body:
-                    kind = "vllm"
-        except (urllib.error.URLError, OSError, ValueError):
-            pass
         with self._lock:
-            self._kinds.setdefault(base_url, kind)
-        return self._kinds[base_url]
+            url_lock = self._url_locks.setdefault(base_url, threading.Lock())
+        with url_lock:
+            found = self._kinds.get(base_url)
+            if found is not None:
+                return found
+            kind = "other"
+            try:
+                with urllib.request.urlopen(self.version_url(base_url),
+                                            timeout=self._timeout) as r:
+                    body = json.loads(r.read(4096) or b"{}")
+                    if isinstance(body, dict) and "version" in body:
+                        kind = "vllm"
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            with self._lock:
+                self._kinds.setdefault(base_url, kind)
+            return self._kinds[base_url]
 
 
-class _Injected:
-    __slots__ = ("token_ids", "logprobs")
+class _Call:
+    """What was decided for one call before its request went out."""
 
-    def __init__(self) -> None:
-        self.token_ids = False
-        self.logprobs = False
+    __slots__ = ("kwargs", "level", "server", "injected_ids", "injected_logprobs",
+                 "scoped_policy", "stream")
+
+    def __init__(self, kwargs: dict[str, Any], level: CaptureLevel, server: str,
+                 want_ids: bool) -> None:
+        self.level = level
+        self.server = server
+        self.stream = kwargs.get("stream") is True
+        self.scoped_policy = False
+        self.injected_ids = False
+        self.injected_logprobs = False
+        # Iterables we read for the span must still reach the SDK whole: a generator passed as
+        # ``messages`` or ``tools`` is turned into a list once, here.
+        readable = [key for key, needed in (("messages", self.messages), ("tools", self.ids),
+                                            ("functions", self.ids))
+                    if needed and _given(kwargs.get(key))
+                    and not isinstance(kwargs[key], (list, tuple))]
+        if readable:
+            kwargs = dict(kwargs)
+            for key in readable:
+                kwargs[key] = list(kwargs[key])
+        if want_ids:
+            kwargs = dict(kwargs)
+            extra = dict(kwargs.get("extra_body") or {})
+            if "return_token_ids" not in extra:
+                extra["return_token_ids"] = True
+                self.injected_ids = True
+            kwargs["extra_body"] = extra
+            if not _given(kwargs.get("logprobs")):
+                kwargs["logprobs"] = True
+                self.injected_logprobs = True
+        self.kwargs = kwargs
+
+    @property
+    def ids(self) -> bool:
+        return self.level >= CaptureLevel.TOKEN_IDS
+
+    @property
+    def messages(self) -> bool:
+        return self.level >= CaptureLevel.MESSAGES
 
 
-def _inject(kwargs: dict[str, Any], want_ids: bool) -> tuple[dict[str, Any], _Injected]:
-    injected = _Injected()
-    if not want_ids:
-        return kwargs, injected
-    kwargs = dict(kwargs)
-    extra = dict(kwargs.get("extra_body") or {})
-    if "return_token_ids" not in extra:
-        extra["return_token_ids"] = True
-        injected.token_ids = True
-    kwargs["extra_body"] = extra
-    if not _given(kwargs.get("logprobs")):
-        kwargs["logprobs"] = True
-        injected.logprobs = True
-    return kwargs, injected
+# -- request side ------------------------------------------------------------------------------
+def _tool_name(tool: Any) -> str | None:
+    """Name of a tool definition: ``{"type": "function", "function": {"name": ...}}`` or custom."""
+    kind = _get(tool, "type")
+    body = _get(tool, kind) if isinstance(kind, str) else None
+    name = _get(body, "name") if body is not None else None
+    if name is None:  # legacy ``functions=[{"name": ...}]``
+        name = _get(tool, "name")
+    return name if isinstance(name, str) else None
 
 
-def _request_attributes(kwargs: dict[str, Any], instance: Any) -> dict[str, Any]:
+def _text_parts(content: Any) -> list[dict[str, Any]]:
+    """GenAI message parts for an OpenAI ``content`` (a string or a list of content parts)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    parts = []
+    for part in content:
+        if _get(part, "type") == "text":
+            parts.append({"type": "text", "content": _get(part, "text")})
+        elif _get(part, "type") == "refusal":
+            parts.append({"type": "refusal", "content": _get(part, "refusal")})
+        else:  # images, audio, files: kept as given (a GenAI "generic" part)
+            parts.append(json.loads(_json(part)))
+    return parts
+
+
+def _tool_call_part(call: Any) -> dict[str, Any]:
+    kind = _get(call, "type") or "function"
+    body = _get(call, kind) or _get(call, "function") or {}
+    arguments = _get(body, "arguments")
+    if arguments is None:
+        arguments = _get(body, "input")  # custom tools
+    return {"type": "tool_call", "id": _get(call, "id"), "name": _get(body, "name"),
+            "arguments": arguments}
+
+
+def _input_messages(messages: Any) -> list[dict[str, Any]]:
+    """The request's messages in the GenAI convention's shape (role + parts)."""
+    out = []
+    for message in messages or ():
+        role = _get(message, "role")
+        if role in ("tool", "function"):
+            parts = [{"type": "tool_call_response",
+                      "id": _get(message, "tool_call_id") or _get(message, "name"),
+                      "response": _get(message, "content")}]
+        else:
+            parts = _text_parts(_get(message, "content"))
+            for call in _get(message, "tool_calls") or ():
+                parts.append(_tool_call_part(call))
+            legacy = _get(message, "function_call")
+            if legacy:
+                parts.append({"type": "tool_call", "id": None, "name": _get(legacy, "name"),
+                              "arguments": _get(legacy, "arguments")})
+        entry: dict[str, Any] = {"role": role, "parts": parts}
+        if _get(message, "name") and role not in ("tool", "function"):
+            entry["name"] = _get(message, "name")
+        out.append(entry)
+    return out
+
+
+def _request_attributes(kwargs: dict[str, Any], instance: Any, call: _Call) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
         sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_OPENAI,
+        sc.LLM_STREAM: call.stream,
     }
     for key, attr in (
         ("model", sc.GEN_AI_REQUEST_MODEL),
@@ -131,61 +270,356 @@ def _request_attributes(kwargs: dict[str, Any], instance: Any) -> dict[str, Any]
             attrs[sc.SERVER_ADDRESS] = url.host
         if url.port:
             attrs[sc.SERVER_PORT] = url.port
-    attrs.update(scope_attributes())
+    tools = [t for key in ("tools", "functions") if _given(kwargs.get(key))
+             for t in kwargs[key]]
+    if tools and call.ids:
+        names = [n for n in map(_tool_name, tools) if n]
+        if names:
+            attrs[sc.LLM_TOOL_NAMES] = names
+    if tools and call.messages:
+        attrs[sc.GEN_AI_TOOL_DEFINITIONS] = _json(tools)
+    if call.messages and _given(kwargs.get("messages")):
+        attrs[sc.GEN_AI_INPUT_MESSAGES] = _json(_input_messages(kwargs["messages"]))
+    scope = scope_attributes()
+    call.scoped_policy = sc.POLICY_VERSION in scope
+    attrs.update(scope)
     return attrs
 
 
-def _record_response(span: trace.Span, result: Any, injected: _Injected, server: str) -> None:
-    """Put what the server answered on the span, then undo what we asked on the caller's behalf."""
-    choices = getattr(result, "choices", None)
-    if not isinstance(choices, list):  # e.g. a raw response from .with_raw_response
-        return
-    if getattr(result, "id", None):
-        span.set_attribute(sc.GEN_AI_RESPONSE_ID, result.id)
-    if getattr(result, "model", None):
-        span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, result.model)
-        if sc.POLICY_VERSION not in scope_keys():
-            span.set_attribute(sc.POLICY_VERSION, result.model)
-    reasons = [c.finish_reason for c in choices if getattr(c, "finish_reason", None)]
+# -- response side -----------------------------------------------------------------------------
+class _Choice:
+    """One choice of a response, as recorded (filled from a message or from stream deltas)."""
+
+    __slots__ = ("index", "finish_reason", "text", "reasoning", "tool_calls", "legacy_call")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.finish_reason: str | None = None
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}  # by position (a stream's tc.index)
+        self.legacy_call: dict[str, Any] | None = None
+
+    def output_message(self) -> dict[str, Any]:
+        parts: list[dict[str, Any]] = []
+        if self.reasoning:
+            parts.append({"type": "reasoning", "content": "".join(self.reasoning)})
+        if self.text:
+            parts.append({"type": "text", "content": "".join(self.text)})
+        for _, call in sorted(self.tool_calls.items()):
+            parts.append({"type": "tool_call", "id": call["id"], "name": call["name"],
+                          "arguments": "".join(call["arguments"])})
+        if self.legacy_call:
+            parts.append({"type": "tool_call", "id": None, "name": self.legacy_call["name"],
+                          "arguments": "".join(self.legacy_call["arguments"])})
+        return {"role": "assistant", "parts": parts, "finish_reason": self.finish_reason}
+
+
+def _reasoning_of(obj: Any) -> str | None:
+    extra = _extra(obj)
+    for key in ("reasoning_content", "reasoning"):
+        value = extra.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _choice_from_message(choice: Any) -> _Choice:
+    out = _Choice(getattr(choice, "index", 0) or 0)
+    out.finish_reason = getattr(choice, "finish_reason", None)
+    message = getattr(choice, "message", None)
+    if message is None:
+        return out
+    if getattr(message, "content", None):
+        out.text.append(message.content)
+    reasoning = _reasoning_of(message)
+    if reasoning:
+        out.reasoning.append(reasoning)
+    for i, call in enumerate(getattr(message, "tool_calls", None) or ()):
+        part = _tool_call_part(call)
+        out.tool_calls[i] = {"id": part["id"], "name": part["name"],
+                             "arguments": [part["arguments"] or ""]}
+    legacy = getattr(message, "function_call", None)
+    if legacy is not None:
+        out.legacy_call = {"name": legacy.name, "arguments": [legacy.arguments or ""]}
+    return out
+
+
+def _fail(span: trace.Span, exc: BaseException) -> None:
+    span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+def _record_common(span: trace.Span, call: _Call, *, response_id: Any, model: Any,
+                   choices: list[_Choice], usage: Any) -> None:
+    if response_id:
+        span.set_attribute(sc.GEN_AI_RESPONSE_ID, response_id)
+    if model:
+        span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, model)
+        if not call.scoped_policy:
+            span.set_attribute(sc.POLICY_VERSION, model)
+    choices = sorted(choices, key=lambda c: c.index)
+    reasons = [c.finish_reason for c in choices if c.finish_reason]
     if reasons:
         span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, reasons)
-    usage = getattr(result, "usage", None)
     if usage is not None:
-        if usage.prompt_tokens is not None:
+        if getattr(usage, "prompt_tokens", None) is not None:
             span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.prompt_tokens)
-        if usage.completion_tokens is not None:
+        if getattr(usage, "completion_tokens", None) is not None:
             span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.completion_tokens)
-    span.set_attribute(sc.SERVER_KIND, server)
+    span.set_attribute(sc.SERVER_KIND, call.server)
+    first = choices[0] if choices and choices[0].index == 0 else None
+    if call.ids and first is not None and first.tool_calls:
+        calls = [c for _, c in sorted(first.tool_calls.items())]
+        span.set_attribute(sc.LLM_TOOL_CALL_NAMES, [c["name"] or "" for c in calls])
+        span.set_attribute(sc.LLM_TOOL_CALL_IDS, [c["id"] or "" for c in calls])
+    if call.messages and choices:
+        span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES,
+                           _json([c.output_message() for c in choices]))
 
-    prompt_ids = getattr(result, "prompt_token_ids", None)
-    first = choices[0] if choices else None
-    completion_ids = getattr(first, "token_ids", None) if first is not None else None
+
+def _record_ids(span: trace.Span, call: _Call, prompt_ids: Any, completion_ids: Any,
+                logprobs: list[float] | None) -> None:
+    if not call.ids:
+        span.set_attribute(sc.TOKEN_IDS_STATUS, sc.TOKEN_IDS_NOT_CAPTURED)
+        return
     if prompt_ids is not None and completion_ids is not None:
         span.set_attribute(sc.PROMPT_TOKEN_IDS, list(prompt_ids))
         span.set_attribute(sc.COMPLETION_TOKEN_IDS, list(completion_ids))
         span.set_attribute(sc.TOKEN_IDS_STATUS, sc.TOKEN_IDS_RECORDED)
     else:
-        status = sc.TOKEN_IDS_MISSING if server == "vllm" else sc.TOKEN_IDS_NOT_REQUESTED
+        status = sc.TOKEN_IDS_MISSING if call.server == "vllm" else sc.TOKEN_IDS_NOT_REQUESTED
         span.set_attribute(sc.TOKEN_IDS_STATUS, status)
+    if logprobs:
+        span.set_attribute(sc.COMPLETION_LOGPROBS, logprobs)
+
+
+def _record_response(span: trace.Span, result: Any, call: _Call) -> None:
+    """Put what the server answered on the span, then undo what we asked on the caller's behalf."""
+    choices = getattr(result, "choices", None)
+    if not isinstance(choices, list):  # e.g. a raw response from .with_raw_response
+        return
+    _record_common(span, call, response_id=getattr(result, "id", None),
+                   model=getattr(result, "model", None),
+                   choices=[_choice_from_message(c) for c in choices],
+                   usage=getattr(result, "usage", None))
+    first = choices[0] if choices else None
     content = getattr(getattr(first, "logprobs", None), "content", None)
-    if content:
-        span.set_attribute(sc.COMPLETION_LOGPROBS, [float(t.logprob) for t in content])
+    _record_ids(span, call, getattr(result, "prompt_token_ids", None),
+                getattr(first, "token_ids", None) if first is not None else None,
+                [float(t.logprob) for t in content] if content else None)
 
     # Give the caller the response it would have had: vLLM sends these fields as null when the
     # request does not ask for them.
-    if injected.token_ids:
-        if "prompt_token_ids" in (result.model_extra or {}):
+    if call.injected_ids:
+        if "prompt_token_ids" in _extra(result):
             result.prompt_token_ids = None
         for choice in choices:
-            if "token_ids" in (choice.model_extra or {}):
+            if "token_ids" in _extra(choice):
                 choice.token_ids = None
-    if injected.logprobs:
+    if call.injected_logprobs:
         for choice in choices:
             choice.logprobs = None
 
 
-def scope_keys() -> set[str]:
-    return {sc.SCOPE_ATTRIBUTES[k] for k in current_scope()}
+class _StreamRecorder:
+    """Accumulates a stream's chunks and ends its span exactly once."""
+
+    def __init__(self, span: trace.Span, call: _Call) -> None:
+        self.span = span
+        self.call = call
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.usage: Any = None
+        self.prompt_ids: list[int] | None = None
+        self.completion_ids: list[int] | None = None
+        self.logprobs: list[float] = []
+        self.choices: dict[int, _Choice] = {}
+        self._ended = False
+        self._lock = threading.Lock()
+
+    def process(self, chunk: Any) -> None:
+        """Record one chunk, then reset in it what the caller did not ask for."""
+        try:
+            self._accumulate(chunk)
+        except Exception:  # never let recording break the caller's stream
+            logger.debug("agl_bridge: could not record a stream chunk", exc_info=True)
+        call = self.call
+        choices = getattr(chunk, "choices", None) or ()
+        if call.injected_ids:
+            if _extra(chunk).get("prompt_token_ids") is not None:
+                chunk.prompt_token_ids = None
+            for choice in choices:
+                if _extra(choice).get("token_ids") is not None:
+                    choice.token_ids = None
+        if call.injected_logprobs:
+            for choice in choices:
+                if getattr(choice, "logprobs", None) is not None:
+                    choice.logprobs = None
+
+    def _accumulate(self, chunk: Any) -> None:
+        if self.response_id is None and getattr(chunk, "id", None):
+            self.response_id = chunk.id
+        if self.model is None and getattr(chunk, "model", None):
+            self.model = chunk.model
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        call = self.call
+        if call.ids and self.prompt_ids is None:
+            prompt_ids = _extra(chunk).get("prompt_token_ids")
+            if prompt_ids is not None:
+                self.prompt_ids = list(prompt_ids)
+        for choice in getattr(chunk, "choices", None) or ():
+            index = getattr(choice, "index", 0) or 0
+            acc = self.choices.get(index)
+            if acc is None:
+                acc = self.choices[index] = _Choice(index)
+            if getattr(choice, "finish_reason", None):
+                acc.finish_reason = choice.finish_reason
+            if call.ids and index == 0:
+                token_ids = _extra(choice).get("token_ids")
+                if token_ids is not None:
+                    if self.completion_ids is None:
+                        self.completion_ids = []
+                    self.completion_ids.extend(token_ids)
+                content = getattr(getattr(choice, "logprobs", None), "content", None)
+                if content:
+                    self.logprobs.extend(float(t.logprob) for t in content)
+            delta = getattr(choice, "delta", None)
+            if delta is None:
+                continue
+            if call.messages:
+                if getattr(delta, "content", None):
+                    acc.text.append(delta.content)
+                reasoning = _reasoning_of(delta)
+                if reasoning:
+                    acc.reasoning.append(reasoning)
+                legacy = getattr(delta, "function_call", None)
+                if legacy is not None:
+                    if acc.legacy_call is None:
+                        acc.legacy_call = {"name": None, "arguments": []}
+                    if legacy.name:
+                        acc.legacy_call["name"] = legacy.name
+                    if legacy.arguments:
+                        acc.legacy_call["arguments"].append(legacy.arguments)
+            if call.ids:
+                for tc in getattr(delta, "tool_calls", None) or ():
+                    slot = acc.tool_calls.get(tc.index)
+                    if slot is None:
+                        slot = acc.tool_calls[tc.index] = {"id": None, "name": None,
+                                                           "arguments": []}
+                    if tc.id:
+                        slot["id"] = tc.id
+                    fn = getattr(tc, "function", None)
+                    if fn is not None:
+                        if fn.name:
+                            slot["name"] = fn.name
+                        if fn.arguments and call.messages:
+                            slot["arguments"].append(fn.arguments)
+
+    def end(self, exc: BaseException | None = None) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        span, call = self.span, self.call
+        try:
+            _record_common(span, call, response_id=self.response_id, model=self.model,
+                           choices=list(self.choices.values()), usage=self.usage)
+            completion = self.completion_ids
+            if completion is None and self.prompt_ids is not None:
+                completion = []  # the stream stopped before choice 0 sent a token
+            _record_ids(span, call, self.prompt_ids, completion, self.logprobs)
+            if exc is not None:
+                _fail(span, exc)
+        except Exception:
+            logger.debug("agl_bridge: could not record a stream", exc_info=True)
+        finally:
+            span.end()
+
+
+class _StreamProxy(ObjectProxy):
+    """The SDK's ``Stream`` as the caller knows it, recording each chunk on the span."""
+
+    def __init__(self, wrapped: Any, recorder: _StreamRecorder) -> None:
+        super().__init__(wrapped)
+        self._self_recorder = recorder
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            chunk = self.__wrapped__.__next__()
+        except StopIteration:
+            self._self_recorder.end()
+            raise
+        except BaseException as exc:
+            self._self_recorder.end(exc)
+            raise
+        self._self_recorder.process(chunk)
+        return chunk
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+
+    def close(self) -> None:
+        try:
+            self.__wrapped__.close()
+        finally:
+            self._self_recorder.end()
+
+    def __del__(self) -> None:
+        recorder = getattr(self, "_self_recorder", None)
+        if recorder is not None:
+            recorder.end()
+
+
+class _AsyncStreamProxy(ObjectProxy):
+    """The SDK's ``AsyncStream`` as the caller knows it, recording each chunk on the span."""
+
+    def __init__(self, wrapped: Any, recorder: _StreamRecorder) -> None:
+        super().__init__(wrapped)
+        self._self_recorder = recorder
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            chunk = await self.__wrapped__.__anext__()
+        except StopAsyncIteration:
+            self._self_recorder.end()
+            raise
+        except BaseException as exc:
+            self._self_recorder.end(exc)
+            raise
+        self._self_recorder.process(chunk)
+        return chunk
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb):
+        await self.close()
+
+    async def close(self) -> None:
+        try:
+            await self.__wrapped__.close()
+        finally:
+            self._self_recorder.end()
+
+    async def aclose(self) -> None:
+        await self.close()
+
+    def __del__(self) -> None:
+        recorder = getattr(self, "_self_recorder", None)
+        if recorder is not None:
+            recorder.end()
 
 
 class OpenAIInstrumentor(BaseInstrumentor):
@@ -200,12 +634,15 @@ class OpenAIInstrumentor(BaseInstrumentor):
         return ("openai >= 1.40",)
 
     def _instrument(self, **kwargs: Any) -> None:
+        from openai import AsyncStream, Stream
+
         provider = kwargs.get("tracer_provider")
         self._tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__, provider)
         mode = kwargs.get("token_ids") or os.environ.get(TOKEN_IDS_ENV, "auto")
         if mode not in _MODES:
             raise ValueError(f"token_ids / {TOKEN_IDS_ENV} must be one of {_MODES}, got {mode!r}")
         self._mode = mode
+        self._stream_types = (Stream, AsyncStream)
         self.probe = kwargs.get("probe") or ServerProbe()
         wrap_function_wrapper(_MODULE, "Completions.create", self._sync_create)
         wrap_function_wrapper(_MODULE, "AsyncCompletions.create", self._async_create)
@@ -217,55 +654,78 @@ class OpenAIInstrumentor(BaseInstrumentor):
         unwrap(mod.AsyncCompletions, "create")
 
     # -- decisions --------------------------------------------------------------------------
-    def _server(self, instance: Any) -> tuple[str, bool]:
-        """(server kind, whether to ask for token ids) for a call's client."""
+    def _needs_probe(self, instance: Any, level: CaptureLevel) -> str | None:
+        """The base URL to probe before this call, if one is needed and not yet known."""
+        if self._mode != "auto" or level < CaptureLevel.TOKEN_IDS:
+            return None
+        base_url = str(instance._client.base_url)
+        return base_url if self.probe.cached(base_url) is None else None
+
+    def _decide(self, instance: Any, kwargs: dict[str, Any], level: CaptureLevel) -> _Call:
+        """Which server this is and what to ask it for. ``none`` asks for nothing."""
+        if level < CaptureLevel.TOKEN_IDS:
+            server = self.probe.cached(str(instance._client.base_url)) or "unknown"
+            return _Call(kwargs, level, server, want_ids=False)
         if self._mode == "never":
-            return "unknown", False
+            return _Call(kwargs, level, "unknown", want_ids=False)
         if self._mode == "always":
-            return "vllm", True
+            return _Call(kwargs, level, "vllm", want_ids=True)
         kind = self.probe.kind(str(instance._client.base_url))
-        return kind, kind == "vllm"
+        return _Call(kwargs, level, kind, want_ids=kind == "vllm")
+
+    def _start(self, instance: Any, call: _Call) -> trace.Span:
+        model = call.kwargs.get("model") if _given(call.kwargs.get("model")) else None
+        return self._tracer.start_span(
+            sc.chat_span_name(model), kind=SpanKind.CLIENT,
+            attributes=_request_attributes(call.kwargs, instance, call))
+
+    def _finish(self, span: trace.Span, result: Any, call: _Call) -> Any:
+        """Wrap a stream (its span ends with it) or record a response and end the span."""
+        if call.stream and isinstance(result, self._stream_types):
+            recorder = _StreamRecorder(span, call)
+            if isinstance(result, self._stream_types[1]):
+                return _AsyncStreamProxy(result, recorder)
+            return _StreamProxy(result, recorder)
+        try:
+            _record_response(span, result, call)
+        except Exception:
+            logger.debug("agl_bridge: could not record a response", exc_info=True)
+        finally:
+            span.end()
+        return result
 
     # -- wrappers ---------------------------------------------------------------------------
     def _sync_create(self, wrapped, instance, args, kwargs):
-        if kwargs.get("stream") is True or not is_instrumentation_enabled():
+        if not is_instrumentation_enabled():
             return wrapped(*args, **kwargs)
-        server, want_ids = self._server(instance)
-        call_kwargs, injected = _inject(kwargs, want_ids)
-        with self._span(kwargs, instance) as span:
-            result = self._call(span, wrapped, args, call_kwargs)
-            _record_response(span, result, injected, server)
-            return result
+        level = capture_level()
+        call = self._decide(instance, kwargs, level)
+        span = self._start(instance, call)
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=False,
+                                set_status_on_exception=False):
+                result = wrapped(*args, **call.kwargs)
+        except BaseException as exc:
+            _fail(span, exc)
+            span.end()
+            raise
+        return self._finish(span, result, call)
 
     async def _async_create(self, wrapped, instance, args, kwargs):
-        if kwargs.get("stream") is True or not is_instrumentation_enabled():
+        if not is_instrumentation_enabled():
             return await wrapped(*args, **kwargs)
-        base_url = str(instance._client.base_url)
-        if self._mode == "auto" and self.probe.cached(base_url) is None:
+        level = capture_level()
+        base_url = self._needs_probe(instance, level)
+        if base_url is not None:
             await asyncio.to_thread(self.probe.kind, base_url)  # never block the event loop
-        server, want_ids = self._server(instance)
-        call_kwargs, injected = _inject(kwargs, want_ids)
-        with self._span(kwargs, instance) as span:
-            try:
-                result = await wrapped(*args, **call_kwargs)
-            except BaseException as exc:
-                span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
-                raise
-            _record_response(span, result, injected, server)
-            return result
-
-    def _span(self, kwargs: dict[str, Any], instance: Any):
-        model = kwargs.get("model") if _given(kwargs.get("model")) else None
-        return self._tracer.start_as_current_span(
-            sc.chat_span_name(model),
-            kind=SpanKind.CLIENT,
-            attributes=_request_attributes(kwargs, instance),
-        )
-
-    @staticmethod
-    def _call(span: trace.Span, wrapped, args, kwargs):
+        call = self._decide(instance, kwargs, level)
+        span = self._start(instance, call)
         try:
-            return wrapped(*args, **kwargs)
+            with trace.use_span(span, end_on_exit=False, record_exception=False,
+                                set_status_on_exception=False):
+                result = await wrapped(*args, **call.kwargs)
         except BaseException as exc:
-            span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
+            _fail(span, exc)
+            span.end()
             raise
+        return self._finish(span, result, call)

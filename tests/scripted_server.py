@@ -3,25 +3,62 @@
 ``vllm=True`` makes it look like vLLM where that matters to us: it answers ``GET /version``,
 returns ``prompt_token_ids``/``token_ids`` when asked with ``return_token_ids`` and sends them
 as null otherwise, like vLLM 0.32 does. Every request body is kept in ``requests``.
+
+``stream=True`` requests get Server-Sent Events in the shape vLLM 0.32 streams them (observed
+on a real server; see ``stream_events``):
+
+* per choice, a first chunk with ``delta: {"role": "assistant", "content": ""}`` and
+  ``logprobs: null``, no ``token_ids`` key in the choice; the chunk carries the top-level
+  ``prompt_token_ids`` (a list when asked, else null) and ``prompt_text: null``;
+* one chunk per completion token: the choice's ``token_ids`` (``[id]`` when asked, else null)
+  and ``logprobs`` (``{"content": [one entry]}`` when asked, else null); the last one carries
+  ``finish_reason``, ``stop_reason: null`` and a top-level ``system_fingerprint``;
+* with ``stream_options.include_usage``, a last chunk with ``choices: []`` and the usage;
+* then ``data: [DONE]``.
+
+Choices are interleaved for ``n > 1`` (choice i's ids are the script's ids plus ``100 * i``).
+``tool_calls`` makes every answer call those tools (``finish_reason: tool_calls``); streamed,
+a call comes as a first delta with its id, type and name (empty arguments), then the
+arguments in pieces, as OpenAI and vLLM's tool parsers send them. ``ids_for(body)`` can
+script the ids per request; ``stream_error_after`` sends vLLM's in-stream error event after
+that many chunks.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+FINGERPRINT = "vllm-0.32.0-scripted"
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # many concurrent clients connect at once in the tests
+    daemon_threads = True
 
 
 class ScriptedServer:
     def __init__(self, *, vllm: bool = True, reply: str = "hello",
-                 completion_ids: list[int] | None = None, status: int = 200) -> None:
+                 completion_ids: list[int] | None = None, status: int = 200,
+                 tool_calls: list[dict[str, str]] | None = None,
+                 ids_for: Callable[[dict[str, Any]], tuple[list[int], list[int]]] | None = None,
+                 chunk_delay_s: float = 0.0, stream_error_after: int | None = None) -> None:
         self.vllm = vllm
         self.reply = reply
         self.completion_ids = completion_ids or [11, 12, 13]
         self.status = status
+        self.tool_calls = tool_calls or []
+        self.ids_for = ids_for
+        self.chunk_delay_s = chunk_delay_s
+        self.stream_error_after = stream_error_after
         self.requests: list[dict[str, Any]] = []
         self.version_hits = 0
+        self.streams_cut = 0  # streams the client closed before [DONE]
+        self._lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,45 +74,154 @@ class ScriptedServer:
                 self.wfile.write(data)
 
             def do_GET(self):
-                if self.path == "/version" and server.vllm:
-                    server.version_hits += 1
-                    return self._send(200, {"version": "0.32.0"})
                 if self.path == "/version":
-                    server.version_hits += 1
+                    with server._lock:
+                        server.version_hits += 1
+                    if server.vllm:
+                        return self._send(200, {"version": "0.32.0"})
                 self._send(404, {"error": "not found"})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(body)
+                with server._lock:
+                    server.requests.append(body)
                 if server.status != 200:
                     return self._send(server.status, {"error": {"message": "scripted failure"}})
+                if body.get("stream"):
+                    return self._stream(body)
                 self._send(200, server.completion(body))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+            def _stream(self, body: dict[str, Any]) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.end_headers()  # HTTP/1.0: the body ends when the connection closes
+                try:
+                    for event in server.stream_events(body):
+                        self.wfile.write(b"data: " + event.encode() + b"\n\n")
+                        self.wfile.flush()
+                        if server.chunk_delay_s:
+                            time.sleep(server.chunk_delay_s)
+                except (BrokenPipeError, ConnectionResetError):
+                    with server._lock:
+                        server.streams_cut += 1
+
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+
+    # -- what to answer -----------------------------------------------------------------------
+    def ids(self, body: dict[str, Any]) -> tuple[list[int], list[int]]:
+        if self.ids_for is not None:
+            return self.ids_for(body)
+        return [1, 2, 3, len(body["messages"])], list(self.completion_ids)
+
+    @staticmethod
+    def logprob_entries(ids: list[int], start: int = 0) -> list[dict[str, Any]]:
+        return [{"token": str(t), "logprob": -0.5 - 0.25 * (start + i), "bytes": [],
+                 "top_logprobs": []} for i, t in enumerate(ids)]
+
+    def _tool_calls_message(self) -> list[dict[str, Any]]:
+        return [{"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in self.tool_calls]
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompt_ids = [1, 2, 3, len(body["messages"])]
+        prompt_ids, completion_ids = self.ids(body)
         want_ids = self.vllm and body.get("return_token_ids")
-        choice: dict[str, Any] = {
-            "index": 0, "finish_reason": "stop",
-            "message": {"role": "assistant", "content": self.reply},
-            "logprobs": None,
-        }
-        if body.get("logprobs"):
-            choice["logprobs"] = {"content": [
-                {"token": str(t), "logprob": -0.5 - 0.25 * i, "bytes": [], "top_logprobs": []}
-                for i, t in enumerate(self.completion_ids)]}
+        choices = []
+        for i in range(body.get("n") or 1):
+            ids = [t + 100 * i for t in completion_ids]
+            choice: dict[str, Any] = {
+                "index": i, "finish_reason": "tool_calls" if self.tool_calls else "stop",
+                "message": {"role": "assistant", "content": self.reply},
+                "logprobs": None,
+            }
+            if self.tool_calls:
+                choice["message"]["tool_calls"] = self._tool_calls_message()
+            if body.get("logprobs"):
+                choice["logprobs"] = {"content": self.logprob_entries(ids)}
+            if self.vllm:
+                choice["token_ids"] = ids if want_ids else None
+            choices.append(choice)
         out: dict[str, Any] = {
             "id": "chatcmpl-scripted", "object": "chat.completion", "created": 1,
-            "model": body["model"], "choices": [choice],
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(self.completion_ids),
-                      "total_tokens": len(prompt_ids) + len(self.completion_ids)},
+            "model": body["model"], "choices": choices,
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                      "total_tokens": len(prompt_ids) + len(completion_ids)},
         }
         if self.vllm:
-            choice["token_ids"] = self.completion_ids if want_ids else None
             out["prompt_token_ids"] = prompt_ids if want_ids else None
         return out
+
+    def _deltas(self, n_tokens: int) -> list[dict[str, Any]]:
+        """The content of the token chunks of one choice: text pieces, then tool-call pieces."""
+        deltas: list[dict[str, Any]] = []
+        text = self.reply or ""
+        pieces = max(1, n_tokens - 2 * len(self.tool_calls)) if text else 0
+        step = -(-len(text) // pieces) if pieces else 0
+        deltas += [{"content": text[k * step:(k + 1) * step]} for k in range(pieces)]
+        for position, call in enumerate(self.tool_calls):
+            deltas.append({"tool_calls": [{"index": position, "id": call["id"], "type": "function",
+                                           "function": {"name": call["name"], "arguments": ""}}]})
+            args = call["arguments"]
+            half = len(args) // 2
+            for piece in (args[:half], args[half:]):
+                deltas.append({"tool_calls": [{"index": position,
+                                               "function": {"arguments": piece}}]})
+        while len(deltas) < n_tokens:
+            deltas.append({"content": ""})
+        return deltas
+
+    def stream_events(self, body: dict[str, Any]) -> list[str]:
+        prompt_ids, completion_ids = self.ids(body)
+        want_ids = self.vllm and body.get("return_token_ids")
+        n = body.get("n") or 1
+        head = {"id": "chatcmpl-scripted-stream", "object": "chat.completion.chunk",
+                "created": 1, "model": body["model"]}
+        events: list[dict[str, Any]] = []
+        for i in range(n):
+            first: dict[str, Any] = dict(head, choices=[{
+                "index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}])
+            if self.vllm:
+                first["prompt_token_ids"] = prompt_ids if want_ids else None
+                first["prompt_text"] = None
+            events.append(first)
+        per_choice = []
+        for i in range(n):
+            ids = [t + 100 * i for t in completion_ids]
+            deltas = self._deltas(len(ids))
+            chunks = []
+            for k, delta in enumerate(deltas):
+                token = ids[k:k + 1]
+                choice: dict[str, Any] = {"index": i, "delta": delta, "logprobs": None,
+                                          "finish_reason": None}
+                if body.get("logprobs"):
+                    choice["logprobs"] = {"content": self.logprob_entries(token, k)}
+                chunk = dict(head, choices=[choice])
+                if k == len(deltas) - 1:
+                    choice["finish_reason"] = "tool_calls" if self.tool_calls else "stop"
+                    if self.vllm:
+                        choice["stop_reason"] = None
+                    chunk["system_fingerprint"] = FINGERPRINT
+                if self.vllm:
+                    choice["token_ids"] = token if want_ids else None
+                chunks.append(chunk)
+            per_choice.append(chunks)
+        for k in range(max(len(c) for c in per_choice)):  # interleave the choices
+            events += [chunks[k] for chunks in per_choice if k < len(chunks)]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            events.append(dict(head, choices=[], usage={
+                "prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids) * n,
+                "total_tokens": len(prompt_ids) + len(completion_ids) * n},
+                system_fingerprint=FINGERPRINT))
+        out = [json.dumps(e) for e in events]
+        if self.stream_error_after is not None:
+            out = out[:self.stream_error_after] + [json.dumps({"error": {
+                "object": "error", "message": "scripted stream failure",
+                "type": "InternalServerError", "param": None, "code": 500}})]
+        return out + ["[DONE]"]
 
     @property
     def base_url(self) -> str:
