@@ -1,4 +1,5 @@
 import asyncio
+import json
 
 import openai
 import pytest
@@ -144,3 +145,98 @@ def test_probe_url_and_unreachable_server():
     assert ServerProbe.version_url("http://h:1/api") == "http://h:1/api/version"
     probe = ServerProbe(timeout_s=0.5)
     assert probe.kind("http://127.0.0.1:9/v1") == "other"
+
+
+# -- tools, choices, capture levels (non-streaming) -------------------------------------------
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}},
+         {"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}]
+CALLS = [{"id": "call_1", "name": "add", "arguments": '{"a": 1}'}]
+
+
+def test_tool_calls_in_a_response_record_names_and_ids(spans, instrumented):
+    with ScriptedServer(vllm=True, tool_calls=CALLS) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        response = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS)
+    assert response.choices[0].message.tool_calls[0].function.name == "add"
+    (span,) = chat_spans(spans)
+    a = span.attributes
+    assert tuple(a[sc.LLM_TOOL_NAMES]) == ("add", "mul")
+    assert tuple(a[sc.LLM_TOOL_CALL_NAMES]) == ("add",)
+    assert tuple(a[sc.LLM_TOOL_CALL_IDS]) == ("call_1",)
+    assert tuple(a[sc.GEN_AI_RESPONSE_FINISH_REASONS]) == ("tool_calls",)
+    assert a[sc.LLM_STREAM] is False
+    for name in (sc.GEN_AI_TOOL_DEFINITIONS, sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES):
+        assert name not in a  # text only at the messages level
+
+
+def test_n_choices_record_every_finish_reason_and_choice_0_ids(spans, instrumented):
+    with ScriptedServer(vllm=True, completion_ids=[4, 5]) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        response = client.chat.completions.create(model="m", messages=MESSAGES, n=2)
+    assert len(response.choices) == 2
+    assert all(c.token_ids is None and c.logprobs is None for c in response.choices)
+    (span,) = chat_spans(spans)
+    a = span.attributes
+    assert tuple(a[sc.GEN_AI_RESPONSE_FINISH_REASONS]) == ("stop", "stop")
+    assert list(a[sc.COMPLETION_TOKEN_IDS]) == [4, 5]
+
+
+def test_messages_level_records_the_conversation(spans, instrumented, monkeypatch):
+    monkeypatch.setenv("AGL_BRIDGE_CAPTURE", "messages")
+    with ScriptedServer(vllm=True, reply="3", tool_calls=CALLS) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        first = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS)
+        # the SDK's own message object goes back into the conversation, as agents do
+        history = [*MESSAGES, first.choices[0].message,
+                   {"role": "tool", "tool_call_id": "call_1", "content": "3"}]
+        client.chat.completions.create(model="m", messages=history)
+    first_span, second_span = chat_spans(spans)
+    a = first_span.attributes
+    assert json.loads(a[sc.GEN_AI_TOOL_DEFINITIONS]) == TOOLS
+    assert json.loads(a[sc.GEN_AI_OUTPUT_MESSAGES]) == [{
+        "role": "assistant", "finish_reason": "tool_calls", "parts": [
+            {"type": "text", "content": "3"},
+            {"type": "tool_call", "id": "call_1", "name": "add", "arguments": '{"a": 1}'}]}]
+    assert json.loads(second_span.attributes[sc.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "hi"}]},
+        {"role": "assistant", "parts": [
+            {"type": "text", "content": "3"},
+            {"type": "tool_call", "id": "call_1", "name": "add", "arguments": '{"a": 1}'}]},
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1",
+                                    "response": "3"}]}]
+    assert list(a[sc.COMPLETION_TOKEN_IDS]) == [11, 12, 13]  # ids too: messages > token_ids
+
+
+def test_capture_none_asks_the_server_for_nothing(spans, instrumented, monkeypatch):
+    monkeypatch.setenv("AGL_BRIDGE_CAPTURE", "none")
+    with ScriptedServer(vllm=True, tool_calls=CALLS) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        response = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS)
+    (body,) = server.requests
+    assert "return_token_ids" not in body and "logprobs" not in body
+    assert response.choices[0].message.content == "hello"
+    (span,) = chat_spans(spans)
+    a = span.attributes
+    assert a[sc.TOKEN_IDS_STATUS] == sc.TOKEN_IDS_NOT_CAPTURED
+    for name in (sc.PROMPT_TOKEN_IDS, sc.COMPLETION_TOKEN_IDS, sc.COMPLETION_LOGPROBS,
+                 sc.LLM_TOOL_NAMES, sc.LLM_TOOL_CALL_NAMES, sc.LLM_TOOL_CALL_IDS,
+                 sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES,
+                 sc.GEN_AI_TOOL_DEFINITIONS):
+        assert name not in a
+    assert (a[sc.GEN_AI_USAGE_INPUT_TOKENS], a[sc.GEN_AI_USAGE_OUTPUT_TOKENS]) == (4, 3)
+    assert a[sc.POLICY_VERSION] == "m"
+
+
+def test_policy_version_of_the_scope_wins_over_the_model(spans, instrumented):
+    from agl_bridge.scope import scoped
+
+    with ScriptedServer(vllm=True) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        with scoped(policy_version="team@v3"):
+            client.chat.completions.create(model="team@v4", messages=MESSAGES)
+            stream = client.chat.completions.create(model="team@v4", messages=MESSAGES,
+                                                    stream=True)
+        list(stream)  # read outside the scope: the span keeps the scope of its call
+        client.chat.completions.create(model="team@v4", messages=MESSAGES)
+    assert [s.attributes[sc.POLICY_VERSION] for s in chat_spans(spans)] == [
+        "team@v3", "team@v3", "team@v4"]
