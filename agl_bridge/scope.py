@@ -45,6 +45,22 @@ def scope_attributes() -> dict[str, Any]:
     return {sc.SCOPE_ATTRIBUTES[k]: v for k, v in current_scope().items()}
 
 
+def context_with_scope(ctx: otel_context.Context | None = None, **scope: Any
+                       ) -> otel_context.Context:
+    """``ctx`` (default: the current context) with keys added to its scope (None = unchanged).
+
+    For integrations that see a framework's start and end callbacks instead of a block of code:
+    they ``attach`` the returned context at start and ``detach`` it at the end.
+    """
+    base = otel_context.get_value(_SCOPE_KEY, ctx) or _EMPTY
+    merged = MappingProxyType({**base, **{k: v for k, v in scope.items() if v is not None}})
+    return otel_context.set_value(_SCOPE_KEY, merged, ctx)
+
+
+def scope_of(ctx: otel_context.Context) -> Mapping[str, Any]:
+    return otel_context.get_value(_SCOPE_KEY, ctx) or _EMPTY
+
+
 @contextlib.contextmanager
 def scoped(**scope: Any) -> Iterator[Mapping[str, Any]]:
     """Add keys of ``semconv.SCOPE_ATTRIBUTES`` to the scope for the block (None = unchanged)."""

@@ -33,6 +33,7 @@ GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
 GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+GEN_AI_WORKFLOW_NAME: Final = "gen_ai.workflow.name"
 GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
 GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
@@ -51,6 +52,7 @@ ERROR_TYPE: Final = "error.type"
 OP_CHAT: Final = "chat"
 OP_EXECUTE_TOOL: Final = "execute_tool"
 OP_INVOKE_AGENT: Final = "invoke_agent"
+OP_INVOKE_WORKFLOW: Final = "invoke_workflow"
 PROVIDER_OPENAI: Final = "openai"
 
 
@@ -62,6 +64,11 @@ def chat_span_name(model: str | None) -> str:
 def invoke_agent_span_name(agent: str | None) -> str:
     """GenAI convention: ``invoke_agent {gen_ai.agent.name}``."""
     return f"{OP_INVOKE_AGENT} {agent}" if agent else OP_INVOKE_AGENT
+
+
+def invoke_workflow_span_name(workflow: str | None) -> str:
+    """GenAI convention: ``invoke_workflow {gen_ai.workflow.name}``."""
+    return f"{OP_INVOKE_WORKFLOW} {workflow}" if workflow else OP_INVOKE_WORKFLOW
 
 
 def execute_tool_span_name(tool: str) -> str:
@@ -109,6 +116,7 @@ COORDINATION_REASON: Final = "agl_bridge.coordination.reason"  # why a restart /
 ANSWER_LABEL: Final = "agl_bridge.answer.label"  # how the orchestrator names an answer
 ANSWER_CONTENT: Final = "agl_bridge.answer.content"  # content
 VOTE_COUNTS: Final = "agl_bridge.vote.counts"  # JSON {agent: votes} on a final selection
+HANDOFF_FROM: Final = "agl_bridge.handoff.from"  # the agent handing over (COORDINATION_AGENT: to)
 
 # DAG workflows (Flow-style orchestrators): a workflow of tasks with dependencies
 WORKFLOW_ID: Final = "agl_bridge.workflow.id"
@@ -126,6 +134,7 @@ SPAN_NEW_ANSWER: Final = "agl_bridge.coordination.new_answer"
 SPAN_RESTART: Final = "agl_bridge.coordination.restart"
 SPAN_FINAL_SELECTION: Final = "agl_bridge.coordination.final_selection"
 SPAN_ROUND: Final = "agl_bridge.coordination.round"
+SPAN_HANDOFF: Final = "agl_bridge.coordination.handoff"
 SPAN_WORKFLOW: Final = "agl_bridge.workflow"
 # workflow task steps: the span is named after the step
 WORKFLOW_STEPS: Final = ("schedule", "execute", "validate", "retry")
