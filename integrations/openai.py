@@ -398,7 +398,16 @@ def _record_ids(span: trace.Span, call: _Call, prompt_ids: Any, completion_ids: 
 def _record_response(span: trace.Span, result: Any, call: _Call) -> None:
     """Put what the server answered on the span, then undo what we asked on the caller's behalf."""
     choices = getattr(result, "choices", None)
-    if not isinstance(choices, list):  # e.g. a raw response from .with_raw_response
+    if not isinstance(choices, list):
+        # .with_raw_response (how langchain-openai calls): parse() caches its result, so the
+        # caller's own parse() later returns the very object we record and restore here
+        if callable(getattr(result, "parse", None)) and hasattr(result, "http_response"):
+            try:
+                parsed = result.parse()
+            except Exception:  # the caller's parse() will raise it where it can handle it
+                return
+            if isinstance(getattr(parsed, "choices", None), list):
+                _record_response(span, parsed, call)
         return
     _record_common(span, call, response_id=getattr(result, "id", None),
                    model=getattr(result, "model", None),
@@ -629,6 +638,9 @@ class OpenAIInstrumentor(BaseInstrumentor):
     says the server is vLLM (default; also read from ``AGL_BRIDGE_TOKEN_IDS``), on every call, or
     never.
     """
+
+    # AGL_BRIDGE_AUTO instruments when this module is first imported, not at start-up
+    hook_module = "openai"
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("openai >= 1.40",)
