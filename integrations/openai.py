@@ -243,6 +243,21 @@ def _input_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _content_attributes(kwargs: dict[str, Any], call: _Call) -> dict[str, Any]:
+    """Offered tool names (token_ids level); definitions and messages (messages level)."""
+    attrs: dict[str, Any] = {}
+    tools = [t for key in ("tools", "functions") if _given(kwargs.get(key))
+             for t in kwargs[key]]
+    names = [n for n in map(_tool_name, tools) if n]
+    if names:
+        attrs[sc.LLM_TOOL_NAMES] = names
+    if tools and call.messages:
+        attrs[sc.GEN_AI_TOOL_DEFINITIONS] = _json(tools)
+    if call.messages and _given(kwargs.get("messages")):
+        attrs[sc.GEN_AI_INPUT_MESSAGES] = _json(_input_messages(kwargs["messages"]))
+    return attrs
+
+
 def _request_attributes(kwargs: dict[str, Any], instance: Any, call: _Call) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
@@ -270,16 +285,11 @@ def _request_attributes(kwargs: dict[str, Any], instance: Any, call: _Call) -> d
             attrs[sc.SERVER_ADDRESS] = url.host
         if url.port:
             attrs[sc.SERVER_PORT] = url.port
-    tools = [t for key in ("tools", "functions") if _given(kwargs.get(key))
-             for t in kwargs[key]]
-    if tools and call.ids:
-        names = [n for n in map(_tool_name, tools) if n]
-        if names:
-            attrs[sc.LLM_TOOL_NAMES] = names
-    if tools and call.messages:
-        attrs[sc.GEN_AI_TOOL_DEFINITIONS] = _json(tools)
-    if call.messages and _given(kwargs.get("messages")):
-        attrs[sc.GEN_AI_INPUT_MESSAGES] = _json(_input_messages(kwargs["messages"]))
+    if call.ids:
+        try:
+            attrs.update(_content_attributes(kwargs, call))
+        except Exception:  # an odd request must never fail the caller's call
+            logger.debug("agl_bridge: could not record the request's content", exc_info=True)
     scope = scope_attributes()
     call.scoped_policy = sc.POLICY_VERSION in scope
     attrs.update(scope)
@@ -585,7 +595,10 @@ class _StreamProxy(ObjectProxy):
     def __del__(self) -> None:
         recorder = getattr(self, "_self_recorder", None)
         if recorder is not None:
-            recorder.end()
+            try:
+                recorder.end()
+            except Exception:  # pragma: no cover - e.g. at interpreter shutdown
+                pass
 
 
 class _AsyncStreamProxy(ObjectProxy):
@@ -628,7 +641,10 @@ class _AsyncStreamProxy(ObjectProxy):
     def __del__(self) -> None:
         recorder = getattr(self, "_self_recorder", None)
         if recorder is not None:
-            recorder.end()
+            try:
+                recorder.end()
+            except Exception:  # pragma: no cover - e.g. at interpreter shutdown
+                pass
 
 
 class OpenAIInstrumentor(BaseInstrumentor):

@@ -436,3 +436,29 @@ def test_capture_none_asks_for_nothing_and_records_no_payload(spans, instrumente
                      sc.GEN_AI_OUTPUT_MESSAGES):
             assert name not in a
         assert a[sc.GEN_AI_RESPONSE_MODEL] == "m"  # structure stays
+
+
+def test_stream_helper_left_early_ends_the_span_when_collected(spans, instrumented):
+    # the SDK's ChatCompletionStream closes the HTTP response itself, not our proxy: the span
+    # then ends when the helper's objects are collected
+    with ScriptedServer(vllm=True) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        with client.chat.completions.stream(model="m", messages=MESSAGES) as s:
+            next(iter(s))
+        del s
+        gc.collect()
+    _, a = one_span(spans)
+    assert list(a[sc.PROMPT_TOKEN_IDS]) == [1, 2, 3, 1]
+
+
+def test_a_request_we_cannot_read_still_goes_through(spans, instrumented, monkeypatch):
+    monkeypatch.setenv("AGL_BRIDGE_CAPTURE", "messages")
+    with ScriptedServer(vllm=True) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        chunks = list(client.chat.completions.create(
+            model="m", stream=True, messages=[{"role": "user", "content": 5}]))
+    assert server.requests[0]["messages"] == [{"role": "user", "content": 5}]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hello"
+    _, a = one_span(spans)
+    assert sc.GEN_AI_INPUT_MESSAGES not in a
+    assert list(a[sc.COMPLETION_TOKEN_IDS]) == [11, 12, 13]
