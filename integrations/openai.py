@@ -33,6 +33,7 @@ What is recorded follows ``AGL_BRIDGE_CAPTURE`` (``agl_bridge.capture``), read a
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -647,6 +648,51 @@ class _AsyncStreamProxy(ObjectProxy):
                 pass
 
 
+class _RawResponseProxy(ObjectProxy):
+    """What ``with_raw_response`` / ``with_streaming_response`` return, as the caller knows it.
+
+    The chat completion (or stream) exists only once the caller calls ``parse()``: that is
+    where it is recorded (a stream: wrapped, and its span ends with it), and where the fields we
+    asked for are reset. A raw response never parsed ends its span when it is collected. The
+    raw HTTP body (``.content``, ``.text``, ``iter_lines()``) is the server's and keeps them.
+    """
+
+    def __init__(self, wrapped: Any, finish: Any, span: trace.Span) -> None:
+        super().__init__(wrapped)
+        self._self_finish = finish
+        self._self_span = span
+        self._self_parsed: list[Any] = []  # [result] once parsed (parse() may be called again)
+
+    def _self_done(self, parsed: Any) -> Any:
+        if not self._self_parsed:
+            self._self_parsed.append(self._self_finish(parsed))
+        return self._self_parsed[0]
+
+    def parse(self, *args: Any, **kwargs: Any) -> Any:
+        parsed = self.__wrapped__.parse(*args, **kwargs)
+        if inspect.isawaitable(parsed):  # AsyncAPIResponse.parse is a coroutine
+            async def finish() -> Any:
+                return self._self_done(await parsed)
+
+            return finish()
+        return self._self_done(parsed)
+
+    def __enter__(self):
+        self.__wrapped__.__enter__()
+        return self
+
+    async def __aenter__(self):
+        await self.__wrapped__.__aenter__()
+        return self
+
+    def __del__(self) -> None:
+        try:
+            if not getattr(self, "_self_parsed", True):
+                self._self_span.end()
+        except Exception:  # pragma: no cover - e.g. at interpreter shutdown
+            pass
+
+
 class OpenAIInstrumentor(BaseInstrumentor):
     """Traces ``chat.completions.create`` of ``openai.OpenAI`` and ``openai.AsyncOpenAI``.
 
@@ -714,6 +760,9 @@ class OpenAIInstrumentor(BaseInstrumentor):
             if isinstance(result, self._stream_types[1]):
                 return _AsyncStreamProxy(result, recorder)
             return _StreamProxy(result, recorder)
+        if callable(getattr(result, "parse", None)) and hasattr(result, "http_response"):
+            return _RawResponseProxy(result, lambda parsed: self._finish(span, parsed, call),
+                                     span)
         try:
             _record_response(span, result, call)
         except Exception:

@@ -1,4 +1,5 @@
 import asyncio
+import gc
 import json
 
 import openai
@@ -240,3 +241,28 @@ def test_policy_version_of_the_scope_wins_over_the_model(spans, instrumented):
         client.chat.completions.create(model="team@v4", messages=MESSAGES)
     assert [s.attributes[sc.POLICY_VERSION] for s in chat_spans(spans)] == [
         "team@v3", "team@v3", "team@v4"]
+
+
+def test_raw_responses_are_recorded_when_parsed(spans, instrumented):
+    with ScriptedServer(vllm=True) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        with agl_bridge.episode("raw"):
+            raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+        assert raw.headers["content-type"] == "application/json" and chat_spans(spans) == []
+        parsed = raw.parse()
+        assert raw.parse() is parsed  # parse() twice: one object, one record
+        assert parsed.prompt_token_ids is None and parsed.choices[0].token_ids is None
+        assert parsed.choices[0].logprobs is None
+        with agl_bridge.episode("streaming-response"):
+            with client.chat.completions.with_streaming_response.create(
+                    model="m", messages=MESSAGES) as response:
+                assert response.parse().choices[0].message.content == "hello"
+        with agl_bridge.episode("never-parsed"):
+            raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+        del raw
+        gc.collect()
+    got = {s.attributes[sc.EPISODE_ID]: s.attributes for s in chat_spans(spans)}
+    assert set(got) == {"raw", "streaming-response", "never-parsed"}
+    for name in ("raw", "streaming-response"):
+        assert list(got[name][sc.COMPLETION_TOKEN_IDS]) == [11, 12, 13]
+    assert sc.COMPLETION_TOKEN_IDS not in got["never-parsed"]

@@ -462,3 +462,30 @@ def test_a_request_we_cannot_read_still_goes_through(spans, instrumented, monkey
     _, a = one_span(spans)
     assert sc.GEN_AI_INPUT_MESSAGES not in a
     assert list(a[sc.COMPLETION_TOKEN_IDS]) == [11, 12, 13]
+
+
+def test_raw_response_streams_are_traced_once_parsed(spans, instrumented):
+    async def from_async(url):
+        client = openai.AsyncOpenAI(base_url=url, api_key="k")
+        with agl_bridge.episode("async"):
+            async with client.chat.completions.with_streaming_response.create(
+                    model="m", messages=MESSAGES, stream=True) as response:
+                stream = await response.parse()
+                chunks = [c async for c in stream]
+        await client.close()
+        return chunks
+
+    with ScriptedServer(vllm=True) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        with agl_bridge.episode("sync"):
+            raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES,
+                                                                   stream=True)
+        sync_chunks = list(raw.parse())
+        async_chunks = asyncio.run(from_async(server.base_url))
+    for chunks in (sync_chunks, async_chunks):
+        assert [getattr(c.choices[0], "token_ids", None) for c in chunks] == [None] * 4
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hello"
+    got = {s.attributes[sc.EPISODE_ID]: s.attributes for s in chat_spans(spans)}
+    assert set(got) == {"sync", "async"}
+    for a in got.values():
+        assert list(a[sc.COMPLETION_TOKEN_IDS]) == [11, 12, 13] and a[sc.LLM_STREAM] is True

@@ -73,6 +73,10 @@ with ScriptedServer(vllm=True) as server:
     seen["stream"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     seen["stream-ids-in-chunks"] = [getattr(c.choices[0], "token_ids", None)
                                     for c in chunks if c.choices]
+    with agl_bridge.episode("raw"):
+        raw = client.chat.completions.with_raw_response.create(
+            model="m", messages=MESSAGES * 6, stream=True)
+    seen["raw"] = [getattr(c.choices[0], "token_ids", None) for c in raw.parse()]
     asyncio.run(run_async(server.base_url))
     requests = server.requests
 
@@ -140,7 +144,7 @@ def by_episode(run2):
 def test_it_runs_on_openai_2(run2):
     assert run2["openai"] == "2.2.0"
     assert set(by_episode(run2)) == {"sync", "async", "stream", "async-stream", "async-early",
-                                     "tools"}
+                                     "tools", "raw"}
     assert all(s["ended"] for s in run2["spans"])
 
 
@@ -170,6 +174,9 @@ def test_streams_record_ids_usage_and_early_ends(run2):
     assert run2["seen"]["stream-ids-in-chunks"] == [None] * 4
     early = spans["async-early"]["attributes"]
     assert early[sc.PROMPT_TOKEN_IDS] == [1, 2, 3, 4] and early[sc.COMPLETION_TOKEN_IDS] == []
+    raw = spans["raw"]["attributes"]
+    assert raw[sc.PROMPT_TOKEN_IDS] == [1, 2, 3, 6] and raw[sc.COMPLETION_TOKEN_IDS] == [11, 12, 13]
+    assert run2["seen"]["raw"] == [None] * 4
     # only the call that asked for usage sends stream_options
     assert [len(r["messages"]) for r in run2["requests"] if "stream_options" in r] == [5]
 
