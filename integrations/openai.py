@@ -22,7 +22,9 @@ is garbage collected. vLLM 0.32 streams the ids like this (observed on a real se
 * with ``stream_options.include_usage`` a last chunk has ``choices: []`` and the usage.
 
 We never add ``stream_options`` (that would add a chunk the caller did not ask for), so a
-stream's span has token usage only when the caller asked for it.
+stream's span has token usage only when the caller asked for it. For ``n > 1`` the ids and
+logprobs are choice 0's; the finish reasons are every choice's. ``with_raw_response`` and
+``with_streaming_response`` calls are recorded when the caller calls ``parse()``.
 
 What is recorded follows ``AGL_BRIDGE_CAPTURE`` (``agl_bridge.capture``), read at each call:
 ``none`` asks the server for nothing and records no ids, text or tool names; ``token_ids``
@@ -661,12 +663,14 @@ class _RawResponseProxy(ObjectProxy):
         super().__init__(wrapped)
         self._self_finish = finish
         self._self_span = span
-        self._self_parsed: list[Any] = []  # [result] once parsed (parse() may be called again)
+        self._self_parsed: tuple[Any, Any] | None = None  # (parsed, what the caller got)
 
     def _self_done(self, parsed: Any) -> Any:
-        if not self._self_parsed:
-            self._self_parsed.append(self._self_finish(parsed))
-        return self._self_parsed[0]
+        if self._self_parsed is None:  # the first parse() is the call's result: record it
+            self._self_parsed = (parsed, self._self_finish(parsed))
+        if parsed is self._self_parsed[0]:  # the SDK caches parse(): same object, same answer
+            return self._self_parsed[1]
+        return parsed  # parse(to=...) into something else: not ours to record
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
         parsed = self.__wrapped__.parse(*args, **kwargs)
@@ -687,7 +691,7 @@ class _RawResponseProxy(ObjectProxy):
 
     def __del__(self) -> None:
         try:
-            if not getattr(self, "_self_parsed", True):
+            if hasattr(self, "_self_span") and self._self_parsed is None:
                 self._self_span.end()
         except Exception:  # pragma: no cover - e.g. at interpreter shutdown
             pass
