@@ -117,6 +117,8 @@ ANSWER_LABEL: Final = "agl_bridge.answer.label"  # how the orchestrator names an
 ANSWER_CONTENT: Final = "agl_bridge.answer.content"  # content
 VOTE_COUNTS: Final = "agl_bridge.vote.counts"  # JSON {agent: votes} on a final selection
 HANDOFF_FROM: Final = "agl_bridge.handoff.from"  # the agent handing over (COORDINATION_AGENT: to)
+COORDINATION_STRATEGY: Final = "agl_bridge.coordination.strategy"  # round_robin, selector, ...
+COORDINATION_SPEAKERS: Final = "agl_bridge.coordination.speakers"  # string[]: chosen speakers
 
 # DAG workflows (Flow-style orchestrators): a workflow of tasks with dependencies
 WORKFLOW_ID: Final = "agl_bridge.workflow.id"
@@ -135,6 +137,8 @@ SPAN_RESTART: Final = "agl_bridge.coordination.restart"
 SPAN_FINAL_SELECTION: Final = "agl_bridge.coordination.final_selection"
 SPAN_ROUND: Final = "agl_bridge.coordination.round"
 SPAN_HANDOFF: Final = "agl_bridge.coordination.handoff"
+SPAN_SELECT_SPEAKER: Final = "agl_bridge.coordination.select_speaker"
+SPAN_TERMINATION: Final = "agl_bridge.coordination.termination"
 SPAN_WORKFLOW: Final = "agl_bridge.workflow"
 # workflow task steps: the span is named after the step
 WORKFLOW_STEPS: Final = ("schedule", "execute", "validate", "retry")

@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export import (
 
 from agl_bridge import _lazy
 from agl_bridge.otel.parquet_exporter import ParquetSpanExporter
+from agl_bridge.otel.processors import ScopeSpanProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,13 @@ def exporters_from_env() -> list[SpanExporter]:
     return [makers[n]() for n in names if n != "none"]
 
 
+def _add_scope_processor(provider: TracerProvider) -> None:
+    """Once per provider: the scope goes onto spans other libraries start, too."""
+    if not getattr(provider, "_agl_bridge_scope_processor", False):
+        provider.add_span_processor(ScopeSpanProcessor())
+        provider._agl_bridge_scope_processor = True
+
+
 def _processor(exporter: SpanExporter, batch: bool) -> SpanProcessor:
     return BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
 
@@ -101,6 +109,7 @@ def configure_tracing(
     else:
         provider = _new_provider(service_name)
         trace.set_tracer_provider(provider)
+    _add_scope_processor(provider)
     if parquet_dir is not None:
         provider.add_span_processor(_processor(ParquetSpanExporter(Path(parquet_dir)), batch))
     if otlp:
@@ -129,6 +138,7 @@ class DeferredTracing:
         return self
 
     def _join(self, provider: TracerProvider) -> None:
+        _add_scope_processor(provider)
         for p in self.processors:
             provider.add_span_processor(p)
         self.provider = provider

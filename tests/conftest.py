@@ -11,9 +11,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from agl_bridge.otel.processors import ScopeSpanProcessor  # noqa: E402
+
 # One global provider for the whole session (OpenTelemetry allows setting it once).
 _MEMORY = InMemorySpanExporter()
 _PROVIDER = TracerProvider()
+_PROVIDER.add_span_processor(ScopeSpanProcessor())  # as configure_tracing and auto add it
 _PROVIDER.add_span_processor(SimpleSpanProcessor(_MEMORY))
 trace.set_tracer_provider(_PROVIDER)
 

@@ -1,0 +1,221 @@
+"""AutoGen AgentChat 0.7: agents, turns, speaker selection, handoffs and termination.
+
+autogen-core already opens an ``invoke_agent {name}`` span around each agent's turn (in the
+group chat's agent container, and in ``BaseChatAgent.run``/``run_stream``), but records no model
+call and knows nothing of episodes or turns. So rather than a second agent span we wrap that
+span's context manager where agentchat imported it: inside it our scope (episode, agent, turn)
+is attached, so the model calls (the openai instrumentor's ``chat`` spans with vLLM token ids,
+streamed or not) nest under AutoGen's span and carry the agent and its turn, and AutoGen's own
+spans get the scope too (``ScopeSpanProcessor``).
+
+* Episode: one ``run``/``run_stream`` of a team is one episode (the one in scope if there is
+  one). A team run is found from the agent id AutoGen passes (``{name}_{team_id}/...``), so
+  turns are counted per team run even when the user brings their own runtime.
+* Turn: the n-th time an agent speaks in that run.
+* Speaker selection (round robin, selector, swarm, graph, Magentic-One): an
+  ``agl_bridge.coordination.select_speaker`` span with the chosen speakers; the selector's own
+  LLM call (SelectorGroupChat) nests in it, attributed to the manager as an agent.
+* Handoffs: a ``HandoffMessage`` before a selection -> ``agl_bridge.coordination.handoff``.
+* Termination: ``agl_bridge.coordination.termination`` with the stop reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.utils import unwrap
+from wrapt import wrap_function_wrapper
+
+from agl_bridge import semconv as sc
+from agl_bridge._version import __version__
+from agl_bridge.scope import current_scope, scope_attributes, scoped
+
+logger = logging.getLogger(__name__)
+
+_CONTAINER = "autogen_agentchat.teams._group_chat._chat_agent_container"
+_BASE_AGENT = "autogen_agentchat.agents._base_chat_agent"
+_BASE_TEAM = "autogen_agentchat.teams._group_chat._base_group_chat"
+_BASE_MANAGER = "autogen_agentchat.teams._group_chat._base_group_chat_manager"
+_MANAGERS = (
+    ("autogen_agentchat.teams._group_chat._round_robin_group_chat",
+     "RoundRobinGroupChatManager", "round_robin"),
+    ("autogen_agentchat.teams._group_chat._selector_group_chat",
+     "SelectorGroupChatManager", "selector"),
+    ("autogen_agentchat.teams._group_chat._swarm_group_chat", "SwarmGroupChatManager", "swarm"),
+    ("autogen_agentchat.teams._group_chat._graph._digraph_group_chat",
+     "GraphFlowManager", "graph"),
+    ("autogen_agentchat.teams._group_chat._magentic_one._magentic_one_orchestrator",
+     "MagenticOneOrchestrator", "magentic_one"),
+)
+
+
+@dataclass
+class _TeamRun:
+    episode_id: str
+    task_id: str | None
+    turns: Counter = field(default_factory=Counter)
+
+
+class _Registry:
+    """Team runs in progress, by AutoGen team id."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, _TeamRun] = {}
+        self._lock = threading.Lock()
+
+    def start(self, team_id: str) -> None:
+        scope = current_scope()
+        with self._lock:
+            self._runs[team_id] = _TeamRun(scope.get("episode_id") or uuid.uuid4().hex,
+                                           scope.get("task_id"))
+
+    def end(self, team_id: str) -> None:
+        with self._lock:
+            self._runs.pop(team_id, None)
+
+    def get(self, team_id: str | None) -> _TeamRun | None:
+        return self._runs.get(team_id) if team_id else None
+
+    def next_turn(self, run: _TeamRun, agent: str) -> int:
+        with self._lock:
+            turn = run.turns[agent]
+            run.turns[agent] += 1
+            return turn
+
+
+def _team_of_agent_id(agent_id: str | None) -> str | None:
+    """``{participant}_{team_id}/{key}`` -> team_id."""
+    if not agent_id:
+        return None
+    agent_type = agent_id.split("/", 1)[0]
+    return agent_type.rsplit("_", 1)[-1] if "_" in agent_type else None
+
+
+def _team_of_manager(manager: Any) -> str | None:
+    topic = getattr(manager, "_output_topic_type", "") or ""
+    return topic.rsplit("_", 1)[-1] if topic.startswith("output_topic_") else None
+
+
+class AutoGenInstrumentor(BaseInstrumentor):
+    """Scope, turns and coordination spans for autogen-agentchat 0.7 teams and agents."""
+
+    hook_module = "autogen_agentchat"
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("autogen-agentchat >= 0.7, < 0.8",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        self._tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__,
+                                        kwargs.get("tracer_provider"))
+        self._teams = _Registry()
+        wrap_function_wrapper(_CONTAINER, "trace_invoke_agent_span", self._invoke_agent)
+        wrap_function_wrapper(_BASE_AGENT, "trace_invoke_agent_span", self._invoke_agent)
+        wrap_function_wrapper(_BASE_TEAM, "BaseGroupChat.run_stream", self._run_stream)
+        wrap_function_wrapper(_BASE_MANAGER, "BaseGroupChatManager._signal_termination",
+                              self._termination)
+        self._patched_managers = []
+        for module, cls, strategy in _MANAGERS:
+            try:
+                wrap_function_wrapper(module, f"{cls}.select_speaker",
+                                      self._select_speaker(strategy))
+                self._patched_managers.append((module, cls))
+            except (ImportError, AttributeError) as exc:  # a manager this release lacks
+                logger.info("agl_bridge: autogen %s.%s not instrumented: %s", module, cls, exc)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        import importlib
+
+        unwrap(importlib.import_module(_CONTAINER), "trace_invoke_agent_span")
+        unwrap(importlib.import_module(_BASE_AGENT), "trace_invoke_agent_span")
+        unwrap(importlib.import_module(_BASE_TEAM).BaseGroupChat, "run_stream")
+        unwrap(importlib.import_module(_BASE_MANAGER).BaseGroupChatManager,
+               "_signal_termination")
+        for module, cls in self._patched_managers:
+            unwrap(getattr(importlib.import_module(module), cls), "select_speaker")
+
+    # -- episodes: one team run ----------------------------------------------------------------
+    def _run_stream(self, wrapped, instance, args, kwargs):
+        teams = self._teams
+
+        async def run_stream():
+            team_id = getattr(instance, "_team_id", None)
+            nested = teams.get(team_id) is not None
+            if not nested:
+                teams.start(team_id)
+            run = teams.get(team_id)
+            try:
+                with scoped(episode_id=run.episode_id, task_id=run.task_id):
+                    async for item in wrapped(*args, **kwargs):
+                        yield item
+            finally:
+                if not nested:
+                    teams.end(team_id)
+        return run_stream()
+
+    # -- agents and turns ------------------------------------------------------------------
+    def _invoke_agent(self, wrapped, instance, args, kwargs):
+        agent = kwargs.get("agent_name") or (args[0] if args else None)
+        return self._agent_turn(wrapped(*args, **kwargs), agent,
+                                _team_of_agent_id(kwargs.get("agent_id")))
+
+    @contextlib.contextmanager
+    def _agent_turn(self, autogen_span_cm, agent: str | None, team_id: str | None):
+        run = self._teams.get(team_id)
+        scope: dict[str, Any] = {"agent_name": agent}
+        if run is not None:
+            scope.update(episode_id=run.episode_id, task_id=run.task_id,
+                         turn_index=self._teams.next_turn(run, agent or ""))
+        elif "episode_id" not in current_scope():
+            scope["episode_id"] = uuid.uuid4().hex  # a lone agent's run is its own episode
+        with autogen_span_cm as span, scoped(**scope):
+            if span is not None and span.is_recording():
+                span.set_attributes(scope_attributes())
+            yield span
+
+    # -- coordination ----------------------------------------------------------------------
+    def _select_speaker(self, strategy: str):
+        teams = self._teams
+        tracer_of = lambda: self._tracer  # noqa: E731
+
+        async def select_speaker(wrapped, instance, args, kwargs):
+            thread = args[0] if args else kwargs.get("thread") or []
+            run = teams.get(_team_of_manager(instance))
+            selector = getattr(instance, "_name", None) or strategy
+            scope: dict[str, Any] = {"agent_name": selector}
+            if run is not None:
+                scope.update(episode_id=run.episode_id, task_id=run.task_id,
+                             turn_index=teams.next_turn(run, selector))
+            with scoped(**scope):
+                last = thread[-1] if thread else None
+                if type(last).__name__ == "HandoffMessage":
+                    tracer_of().start_span(sc.SPAN_HANDOFF, attributes={
+                        **scope_attributes(), sc.HANDOFF_FROM: getattr(last, "source", ""),
+                        sc.COORDINATION_AGENT: getattr(last, "target", "")}).end()
+                with tracer_of().start_as_current_span(sc.SPAN_SELECT_SPEAKER, attributes={
+                        **scope_attributes(), sc.COORDINATION_STRATEGY: strategy}) as span:
+                    chosen = await wrapped(*args, **kwargs)
+                    speakers = [chosen] if isinstance(chosen, str) else list(chosen or [])
+                    span.set_attribute(sc.COORDINATION_SPEAKERS, speakers)
+                    return chosen
+        return select_speaker
+
+    async def _termination(self, wrapped, instance, args, kwargs):
+        message = args[0] if args else kwargs.get("message")
+        run = self._teams.get(_team_of_manager(instance))
+        attrs = {sc.COORDINATION_REASON: str(getattr(message, "content", "") or ""),
+                 sc.COORDINATION_AGENT: str(getattr(message, "source", "") or "")}
+        if run is not None:
+            attrs.update({sc.EPISODE_ID: run.episode_id})
+            if run.task_id:
+                attrs[sc.TASK_ID] = run.task_id
+        self._tracer.start_span(sc.SPAN_TERMINATION, attributes=attrs).end()
+        return await wrapped(*args, **kwargs)
