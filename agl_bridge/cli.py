@@ -3,6 +3,9 @@
     agl-bridge convert SPANS_DIR OUT.parquet        spans -> transitions, with a summary
     agl-bridge train OUT.parquet --base-model DIR   one GRPO round -> a new adapter version
     agl-bridge publish ADAPTER_DIR --base-url URL   load it into a running vLLM and probe it
+    agl-bridge collect --out DIR                    an OTLP receiver (HTTP 4318, gRPC 4317)
+    agl-bridge import FILES_OR_DIRS --out DIR       OTLP/JSON Collector files -> span Parquet
+    agl-bridge recover DIR                          write-ahead logs of dead writers -> Parquet
 
 Training imports torch only when ``train`` runs, so the capture install can use ``convert``.
 """
@@ -10,7 +13,11 @@ Training imports torch only when ``train`` runs, so the capture install can use 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+from pathlib import Path
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -44,6 +51,91 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def _collect(args: argparse.Namespace) -> int:
+    from agl_bridge.otel.parquet_writer import SpanParquetWriter
+    from agl_bridge.otel.receiver import TOKEN_ENV, OTLPReceiver
+
+    http_port, grpc_port = args.http_port or None, args.grpc_port or None  # 0 disables
+    if http_port is None and grpc_port is None:
+        raise ValueError("--http-port 0 and --grpc-port 0: nothing to serve")
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        writer = SpanParquetWriter(args.out)
+        receiver = OTLPReceiver(writer, host=args.host, http_port=http_port,
+                                grpc_port=grpc_port, token=token,
+                                max_request_bytes=args.max_request_bytes)
+        try:
+            receiver.start()
+        except BaseException:
+            writer.close()
+            raise
+        print(f"agl-bridge collect: writing span Parquet under {writer.directory}"
+              + (f" (recovered {writer.recovered_rows} rows)" if writer.recovered_rows else ""))
+        if receiver.http_endpoint:
+            print(f"  OTLP/HTTP  {receiver.http_endpoint}")
+        if receiver.grpc_endpoint:
+            print(f"  OTLP/gRPC  {receiver.grpc_endpoint}")
+        if token:
+            print("  requests need 'Authorization: Bearer <token>'")
+        elif args.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"agl-bridge collect: warning: listening on {args.host} without a token: anyone "
+                  f"who reaches it can write spans (set --token or {TOKEN_ENV})", file=sys.stderr)
+        print("Ctrl-C or SIGTERM stops and turns the logs into Parquet files.", flush=True)
+        while not stop.wait(1.0):
+            pass
+        receiver.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(f"agl-bridge collect: stopped; {receiver.stats.summary()}; "
+          f"{writer.files_written} Parquet file(s) written", flush=True)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from agl_bridge.otel.parquet_writer import SpanParquetWriter
+    from agl_bridge.otel.receiver import import_otlp_json, otlp_json_files
+
+    # refuse missing or unreadable inputs before writing anything
+    otlp_json_files(args.sources, exclude=Path(args.out))
+    writer = SpanParquetWriter(args.out, background_rotation=False)
+    try:
+        summary = import_otlp_json(args.sources, writer,
+                                   on_bad_line=lambda msg: print(msg, file=sys.stderr))
+    finally:
+        writer.close()
+    print(summary.summary())
+    print(f"wrote {writer.files_written} Parquet file(s) under {writer.directory}")
+    return 1 if summary.lines_bad or summary.spans_rejected else 0
+
+
+def _recover(args: argparse.Namespace) -> int:
+    from agl_bridge.otel.parquet_writer import SpanParquetWriter
+
+    if not os.path.isdir(args.directory):
+        raise FileNotFoundError(f"no such directory: {args.directory}")
+    rows = SpanParquetWriter.recover(args.directory)
+    print(f"recovered {rows} row(s) from write-ahead logs of dead writers in {args.directory}")
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="agl-bridge", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -74,6 +166,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--name", help="served name (default: <adapter name>@v<N>)")
     p.set_defaults(func=_publish)
+
+    r = sub.add_parser("collect", help="an OTLP receiver (HTTP and gRPC) writing span Parquet",
+                       description="Receive OTLP traces over HTTP (protobuf or JSON, POST "
+                                   "/v1/traces) and gRPC, write them as span Parquet. Stops "
+                                   "cleanly on Ctrl-C or SIGTERM.")
+    r.add_argument("--out", required=True, help="directory for the span Parquet")
+    r.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    r.add_argument("--http-port", type=_port, default=4318, help="OTLP/HTTP port, 0 disables")
+    r.add_argument("--grpc-port", type=_port, default=4317, help="OTLP/gRPC port, 0 disables")
+    r.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (prefer the "
+                                   "AGL_BRIDGE_COLLECT_TOKEN variable: arguments show in ps)")
+    r.add_argument("--max-request-bytes", type=_positive_int, default=16 * 2**20,
+                   help="larger requests are refused (HTTP 413, RESOURCE_EXHAUSTED); 16 MiB")
+    r.set_defaults(func=_collect)
+
+    i = sub.add_parser("import", help="OTLP/JSON files (Collector file exporter) -> span Parquet",
+                       description="Import OTLP/JSON, one ExportTraceServiceRequest per line "
+                                   "(.json, .jsonl, gzip too). Bad lines are reported as "
+                                   "file:line and quarantined; exit status 1 if there were any.")
+    i.add_argument("sources", nargs="+", metavar="FILE_OR_DIR")
+    i.add_argument("--out", required=True, help="directory for the span Parquet")
+    i.set_defaults(func=_import)
+
+    v = sub.add_parser("recover", help="turn write-ahead logs left by dead writers into Parquet")
+    v.add_argument("directory", help="a span Parquet directory (the one holding _wal/)")
+    v.set_defaults(func=_recover)
     return ap
 
 
@@ -81,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, OSError, RuntimeError) as exc:
         print(f"agl-bridge {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,315 @@
+"""OTLP trace requests (protobuf or OTLP/JSON) -> span rows: what ``collect`` and ``import`` share.
+
+Pure functions, no IO. Every OTLP span goes through ``rows.build_row`` with the same inputs
+``rows.span_to_row`` gives it for an SDK span, so a span received over OTLP or imported from a
+Collector file lands as the row it would have been had it been captured in-process.
+
+Value mapping (OTLP ``AnyValue`` -> the Python value ``build_row`` sees):
+
+* string, bool, int, double -> ``str``, ``bool``, ``int``, ``float``; an empty AnyValue -> ``None``
+  (the SDK encodes a ``None`` inside a list that way);
+* array -> ``list`` of the mapped elements, nested arrays nested; ints stay ints, so token ids
+  fill the typed ``list<int32>`` columns and never become floats;
+* kvlist -> ``dict`` (a JSON object in the ``attributes`` column; a repeated key keeps its last
+  value). The SDK cannot make these, other SDKs and the Collector can;
+* bytes -> a standard base64 ``str``, the way OTLP/JSON writes bytes (JSON has no bytes type;
+  Python's SDK turns bytes attributes into text before they are exported).
+
+Span fields: ids -> lowercase hex; an empty or all-zero parent id -> ``None`` (a root span);
+kind -> the SDK names ``INTERNAL`` ... ``CONSUMER`` (unspecified or unknown -> ``INTERNAL``);
+status -> ``UNSET``/``OK``/``ERROR`` (unknown -> ``UNSET``); a time of 0 (proto3 for "not set")
+-> ``None``; resource attributes -> ``resource``; scope name -> ``scope_name``; events and links
+as ``span_to_row`` writes them. Not kept, as ``span_to_row`` does not keep them either (the row
+has no column for them): trace state, flags, dropped-item counts, scope version and attributes,
+schema URLs.
+
+A span that cannot become a row is *rejected*, never dropped: it comes back as a quarantine
+record ``{"error", "span", "resource", "scope"}`` whose parts are OTLP/JSON, so the record can be
+put back into a request. Rejected: bad trace or span ids, a parent id that is not 8 bytes, an
+empty name, and the few values ``build_row`` accepts but Arrow refuses (times beyond int64, a
+non-string ``service.name``, an int too large for a float64 column) -- one such span must not sink
+the batch it came in.
+
+OTLP/JSON is not proto3 JSON: trace and span ids are hex, not base64 (enums as ints and int64 as
+strings or numbers, ``ParseDict`` already accepts). Each span is fixed up (hex -> base64) and parsed
+on its own, so one malformed span is rejected alone; the request then takes the protobuf path.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
+
+from agl_bridge.otel.rows import build_row
+from agl_bridge.schema import SPAN_SCHEMA
+
+# OTLP enum numbers -> the names the SDK path writes (SpanKind.name, StatusCode.name)
+SPAN_KINDS: dict[int, str] = {1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
+STATUS_CODES: dict[int, str] = {0: "UNSET", 1: "OK", 2: "ERROR"}
+
+_INT64_MAX = 2**63 - 1
+_FLOAT_EXACT = 2**53  # Arrow refuses to turn a larger int into a float64
+_FLOAT_COLUMNS = [f.name for f in SPAN_SCHEMA
+                  if pa.types.is_float64(f.type)
+                  or (pa.types.is_list(f.type) and pa.types.is_float64(f.type.value_type))]
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
+_MAX_ERRORS_IN_MESSAGE = 3
+
+
+class MalformedRequest(ValueError):
+    """The payload as a whole is not an OTLP trace request (answered 400 / INVALID_ARGUMENT)."""
+
+
+@dataclass
+class Conversion:
+    """Rows ready for ``SpanParquetWriter.write_rows`` and quarantine records for the rest."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+    def extend(self, other: Conversion) -> None:
+        self.rows.extend(other.rows)
+        self.rejected.extend(other.rejected)
+
+    @property
+    def error_message(self) -> str:
+        """OTLP ``partial_success.error_message``: how many were rejected and the first reasons."""
+        if not self.rejected:
+            return ""
+        reasons = "; ".join(r["error"] for r in self.rejected[:_MAX_ERRORS_IN_MESSAGE])
+        more = "; ..." if len(self.rejected) > _MAX_ERRORS_IN_MESSAGE else ""
+        return f"{len(self.rejected)} span(s) rejected and quarantined: {reasons}{more}"
+
+    def response(self) -> ExportTraceServiceResponse:
+        """The OTLP answer: empty on full success, ``partial_success`` when spans were rejected."""
+        response = ExportTraceServiceResponse()
+        if self.rejected:
+            response.partial_success.rejected_spans = len(self.rejected)
+            response.partial_success.error_message = self.error_message
+        return response
+
+
+# -- values ------------------------------------------------------------------------------------
+def any_value(value: AnyValue) -> Any:
+    """One OTLP AnyValue as a JSON-able Python value (see the module docstring)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode("ascii")
+    return getattr(value, kind)
+
+
+def attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
+    return {kv.key: any_value(kv.value) for kv in kvs}
+
+
+def _time(ns: int) -> int | None:
+    if ns > _INT64_MAX:
+        raise ValueError(f"time {ns} ns does not fit int64")
+    return ns or None
+
+
+def _parent(span: Span) -> str | None:
+    parent = span.parent_span_id
+    if len(parent) not in (0, 8):
+        raise ValueError(f"span {span.name!r}: invalid parent span id {parent.hex()!r}")
+    return parent.hex() if parent.strip(b"\0") else None
+
+
+def _check_arrow_safe(row: Mapping[str, Any]) -> None:
+    """Values ``build_row`` lets through that Arrow would refuse when the batch is written."""
+    service = row["service_name"]
+    if service is not None and not isinstance(service, str):
+        raise ValueError(f"resource service.name must be a string, got {service!r}")
+    for col in _FLOAT_COLUMNS:
+        value = row[col]
+        for x in value if isinstance(value, list) else (value,):
+            if isinstance(x, int) and not isinstance(x, bool) and abs(x) > _FLOAT_EXACT:
+                raise ValueError(f"span {row['name']!r}: {col} value {x} is not exact as float64")
+
+
+def span_row(span: Span, resource: Mapping[str, Any], scope_name: str | None) -> dict[str, Any]:
+    """One OTLP span as a row of SPAN_SCHEMA; ValueError if no row can hold it."""
+    if not span.name:
+        raise ValueError(f"span {span.span_id.hex()!r} has no name")
+    row = build_row(
+        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(), parent_span_id=_parent(span),
+        name=span.name, kind=SPAN_KINDS.get(span.kind, "INTERNAL"),
+        start_time_unix_nano=_time(span.start_time_unix_nano),
+        end_time_unix_nano=_time(span.end_time_unix_nano),
+        status_code=STATUS_CODES.get(span.status.code, "UNSET"),
+        status_message=span.status.message, attributes=attributes(span.attributes),
+        events=[{"name": e.name, "time_unix_nano": e.time_unix_nano,
+                 "attributes": attributes(e.attributes)} for e in span.events],
+        links=[{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
+                "attributes": attributes(link.attributes)} for link in span.links],
+        resource=resource, scope_name=scope_name,
+    )
+    _check_arrow_safe(row)
+    return row
+
+
+# -- requests ----------------------------------------------------------------------------------
+def request_to_rows(request: ExportTraceServiceRequest) -> Conversion:
+    """Every span of a request as a row, or as a quarantine record if it cannot be one."""
+    out = Conversion()
+    for resource_spans in request.resource_spans:
+        resource = attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            scope_name = scope_spans.scope.name or None
+            for span in scope_spans.spans:
+                try:
+                    out.rows.append(span_row(span, resource, scope_name))
+                except ValueError as exc:
+                    out.rejected.append(_record(str(exc), span_json(span),
+                                                _message_json(resource_spans.resource),
+                                                _message_json(scope_spans.scope)))
+    return out
+
+
+def decode_protobuf(body: bytes) -> Conversion:
+    """An OTLP/protobuf ``ExportTraceServiceRequest`` body; MalformedRequest if it is not one."""
+    try:
+        request = ExportTraceServiceRequest.FromString(body)
+    except (DecodeError, RecursionError) as exc:
+        raise MalformedRequest(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+    return request_to_rows(request)
+
+
+def decode_json(body: bytes | str) -> Conversion:
+    """An OTLP/JSON ``ExportTraceServiceRequest``: an HTTP body, or a line of a Collector file."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise MalformedRequest(f"not JSON: {exc}") from None
+    return json_to_rows(obj)
+
+
+def json_to_rows(obj: Any) -> Conversion:
+    """An OTLP/JSON request already parsed by ``json.loads``."""
+    request, rejected = parse_json_request(obj)
+    out = request_to_rows(request)
+    out.rejected[:0] = rejected
+    return out
+
+
+def parse_json_request(obj: Any) -> tuple[ExportTraceServiceRequest, list[dict[str, Any]]]:
+    """OTLP/JSON -> the protobuf request, plus quarantine records for spans that would not parse.
+
+    Spans are parsed one by one (after hex ids become base64) so a bad one is rejected alone;
+    anything wrong outside the spans makes the whole request MalformedRequest.
+    """
+    if not isinstance(obj, dict):
+        raise MalformedRequest(f"an OTLP/JSON request is a JSON object, got {type(obj).__name__}")
+    request = ExportTraceServiceRequest()
+    rejected: list[dict[str, Any]] = []
+    for rs in _items(obj, "resourceSpans", "resource_spans"):
+        scopes = _items(rs, "scopeSpans", "scope_spans", "instrumentationLibrarySpans")
+        pb_rs = request.resource_spans.add()
+        _parse({k: v for k, v in rs.items() if k not in _SCOPE_SPANS_KEYS}, pb_rs)
+        for ss in scopes:
+            spans = _items(ss, "spans")
+            # OTLP before InstrumentationScope (old Collector files) said instrumentationLibrary
+            legacy = {"scope": ss["instrumentationLibrary"]} \
+                if "instrumentationLibrary" in ss else {}
+            pb_ss: ScopeSpans = pb_rs.scope_spans.add()
+            _parse({**{k: v for k, v in ss.items() if k != "spans"}, **legacy}, pb_ss)
+            for span in spans:
+                try:
+                    parsed = Span()
+                    json_format.ParseDict(_ids_to_base64(span), parsed, ignore_unknown_fields=True)
+                except Exception as exc:  # noqa: BLE001 -- whatever is wrong, it is this span's
+                    rejected.append(_record(f"span not parsable: {exc}", span, rs.get("resource"),
+                                            ss.get("scope", legacy.get("scope"))))
+                    continue
+                pb_ss.spans.append(parsed)
+    return request, rejected
+
+
+_SCOPE_SPANS_KEYS = ("scopeSpans", "scope_spans", "instrumentationLibrarySpans")
+
+
+def _items(obj: Any, *keys: str) -> list[Any]:
+    if not isinstance(obj, dict):
+        raise MalformedRequest(f"expected a JSON object, got {type(obj).__name__}")
+    for key in keys:
+        if obj.get(key) is not None:
+            value = obj[key]
+            if not isinstance(value, list):
+                raise MalformedRequest(f"{key!r} must be a list, got {type(value).__name__}")
+            return value
+    return []
+
+
+def _parse(obj: dict[str, Any], message: Any) -> None:
+    try:
+        json_format.ParseDict(obj, message, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
+        raise MalformedRequest(f"not OTLP/JSON: {exc}") from None
+
+
+_ID_KEYS = ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id")
+
+
+def _ids_to_base64(span: Any) -> dict[str, Any]:
+    """OTLP/JSON span (hex ids) -> proto3 JSON span (base64 ids), links included."""
+    if not isinstance(span, dict):
+        raise ValueError(f"a span is a JSON object, got {type(span).__name__}")
+    fixed = {k: _hex_to_base64(k, v) if k in _ID_KEYS else v for k, v in span.items()}
+    links = fixed.get("links")
+    if isinstance(links, list):
+        fixed["links"] = [{k: _hex_to_base64(k, v) if k in _ID_KEYS else v for k, v in link.items()}
+                          if isinstance(link, dict) else link for link in links]
+    return fixed
+
+
+def _hex_to_base64(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not _HEX.fullmatch(value):
+        raise ValueError(f"{key} {value!r} is not a hex string")
+    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+
+
+# -- back to OTLP/JSON (quarantine records) ----------------------------------------------------
+def _message_json(message: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(message, use_integers_for_enums=True)
+
+
+def span_json(span: Span) -> dict[str, Any]:
+    """A span as OTLP/JSON (hex ids, enums as ints), as the Collector's file exporter writes it."""
+    obj = _message_json(span)
+    for holder in (obj, *obj.get("links", ())):
+        for key in ("traceId", "spanId", "parentSpanId"):
+            if key in holder:
+                holder[key] = _base64_to_hex(holder[key])
+    return obj
+
+
+def _base64_to_hex(value: str) -> str:
+    try:
+        return base64.b64decode(value).hex()
+    except (binascii.Error, ValueError):
+        return value
+
+
+def _record(error: str, span: Any, resource: Any, scope: Any) -> dict[str, Any]:
+    return {"error": error, "span": span, "resource": resource, "scope": scope}
