@@ -26,9 +26,9 @@ schema URLs.
 A span that cannot become a row is *rejected*, never dropped: it comes back as a quarantine
 record ``{"error", "span", "resource", "scope"}`` whose parts are OTLP/JSON, so the record can be
 put back into a request. Rejected: bad trace or span ids, a parent id that is not 8 bytes, an
-empty name, and the few values ``build_row`` accepts but Arrow refuses (times beyond int64, a
-non-string ``service.name``, an int too large for a float64 column) -- one such span must not sink
-the batch it came in.
+empty name, and times beyond int64. Values that do not fit a promoted column (a non-string
+``service.name``, an int too large for a float64 column) are not rejected: ``build_row`` keeps
+them in the JSON columns, as it does for in-process spans.
 
 OTLP/JSON is not proto3 JSON: trace and span ids are hex, not base64 (enums as ints and int64 as
 strings or numbers, ``ParseDict`` already accepts). Each span is fixed up (hex -> base64) and parsed
@@ -45,7 +45,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -56,17 +55,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
 
 from agl_bridge.otel.rows import build_row
-from agl_bridge.schema import SPAN_SCHEMA
 
 # OTLP enum numbers -> the names the SDK path writes (SpanKind.name, StatusCode.name)
 SPAN_KINDS: dict[int, str] = {1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 STATUS_CODES: dict[int, str] = {0: "UNSET", 1: "OK", 2: "ERROR"}
 
 _INT64_MAX = 2**63 - 1
-_FLOAT_EXACT = 2**53  # Arrow refuses to turn a larger int into a float64
-_FLOAT_COLUMNS = [f.name for f in SPAN_SCHEMA
-                  if pa.types.is_float64(f.type)
-                  or (pa.types.is_list(f.type) and pa.types.is_float64(f.type.value_type))]
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
 _MAX_ERRORS_IN_MESSAGE = 3
 
@@ -136,18 +130,6 @@ def _parent(span: Span) -> str | None:
     return parent.hex() if parent.strip(b"\0") else None
 
 
-def _check_arrow_safe(row: Mapping[str, Any]) -> None:
-    """Values ``build_row`` lets through that Arrow would refuse when the batch is written."""
-    service = row["service_name"]
-    if service is not None and not isinstance(service, str):
-        raise ValueError(f"resource service.name must be a string, got {service!r}")
-    for col in _FLOAT_COLUMNS:
-        value = row[col]
-        for x in value if isinstance(value, list) else (value,):
-            if isinstance(x, int) and not isinstance(x, bool) and abs(x) > _FLOAT_EXACT:
-                raise ValueError(f"span {row['name']!r}: {col} value {x} is not exact as float64")
-
-
 def span_row(span: Span, resource: Mapping[str, Any], scope_name: str | None) -> dict[str, Any]:
     """One OTLP span as a row of SPAN_SCHEMA; ValueError if no row can hold it."""
     if not span.name:
@@ -165,7 +147,6 @@ def span_row(span: Span, resource: Mapping[str, Any], scope_name: str | None) ->
                 "attributes": attributes(link.attributes)} for link in span.links],
         resource=resource, scope_name=scope_name,
     )
-    _check_arrow_safe(row)
     return row
 
 

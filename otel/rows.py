@@ -16,6 +16,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from agl_bridge.schema import PROMOTED_ATTRIBUTES, SPAN_SCHEMA
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT_EXACT_INT = 2**53  # larger ints do not survive a float64 column
 
 
 def _is_int(v: Any) -> bool:
@@ -29,12 +31,14 @@ def _fit(value: Any, typ: pa.DataType) -> tuple[bool, Any]:
     if pa.types.is_int32(typ):
         return _is_int(value) and _INT32_MIN <= value <= _INT32_MAX, value
     if pa.types.is_float64(typ):
-        return (isinstance(value, float) or _is_int(value)), value
+        return (isinstance(value, float)
+                or (_is_int(value) and abs(value) <= _FLOAT_EXACT_INT)), value
     if pa.types.is_list(typ) and isinstance(value, (tuple, list)):
         if pa.types.is_int32(typ.value_type):
             ok = all(_is_int(x) and _INT32_MIN <= x <= _INT32_MAX for x in value)
         else:
-            ok = all(isinstance(x, float) or _is_int(x) for x in value)
+            ok = all(isinstance(x, float) or (_is_int(x) and abs(x) <= _FLOAT_EXACT_INT)
+                     for x in value)
         return ok, list(value)
     return False, None
 
@@ -60,14 +64,19 @@ def build_row(*, trace_id: str, span_id: str, parent_span_id: str | None, name: 
     for label, value, width in (("trace id", trace_id, 32), ("span id", span_id, 16)):
         if not (isinstance(value, str) and len(value) == width and value.strip("0")):
             raise ValueError(f"span {name!r}: invalid {label} {value!r}")
+    for label, ns in (("start", start_time_unix_nano), ("end", end_time_unix_nano)):
+        if ns is not None and not (_is_int(ns) and _INT64_MIN <= ns <= _INT64_MAX):
+            raise ValueError(f"span {name!r}: {label} time {ns!r} is not an int64 of nanoseconds")
     attrs = _plain(attributes)
     resource = dict(resource or {})
+    service = resource.get("service.name")
     row: dict[str, Any] = {
         "trace_id": trace_id, "span_id": span_id, "parent_span_id": parent_span_id or None,
         "name": name, "kind": kind, "start_time_unix_nano": start_time_unix_nano,
         "end_time_unix_nano": end_time_unix_nano, "status_code": status_code,
         "status_message": status_message or None,
-        "service_name": resource.get("service.name"), "scope_name": scope_name,
+        # a non-string service name stays in the resource JSON; the column holds strings only
+        "service_name": service if isinstance(service, str) else None, "scope_name": scope_name,
     }
     for key, (col, typ) in PROMOTED_ATTRIBUTES.items():
         value = None

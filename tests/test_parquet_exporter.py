@@ -207,3 +207,21 @@ def test_malformed_span_is_quarantined_and_the_batch_survives(tmp_path, make_spa
     record = json.loads(qfile.read_text())
     assert record["error"] == "ValueError: span name must be a string, got NoneType"
     assert exporter.spans_quarantined == 1 and exporter.spans_written == 1
+
+
+def test_values_arrow_would_refuse_stay_lossless_instead_of_failing_the_batch(tmp_path):
+    from agl_bridge.otel.rows import build_row, rows_to_table
+
+    base = dict(trace_id="1" * 32, span_id="2" * 16, parent_span_id=None, name="s",
+                kind="INTERNAL", start_time_unix_nano=1, end_time_unix_nano=2,
+                status_code="UNSET", status_message=None)
+    row = build_row(**base, attributes={sc.REWARD_VALUE: 2**60, sc.COMPLETION_LOGPROBS: [2**60]},
+                    resource={"service.name": 7})
+    table = rows_to_table([row])  # would raise if a value did not fit its column
+    (got,) = table.to_pylist()
+    assert got["reward_value"] is None and got["completion_logprobs"] is None
+    assert json.loads(got["attributes"]) == {sc.REWARD_VALUE: 2**60,
+                                             sc.COMPLETION_LOGPROBS: [2**60]}
+    assert got["service_name"] is None and json.loads(got["resource"]) == {"service.name": 7}
+    with pytest.raises(ValueError, match="end time 18446744073709551616 is not an int64"):
+        build_row(**{**base, "end_time_unix_nano": 2**64}, attributes={})

@@ -2,7 +2,6 @@
 fresh venv, an unmodified agent script, configuration by environment variables only."""
 
 import hashlib
-import json
 import os
 import shutil
 import stat

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from agl_bridge._version import __version__
