@@ -127,3 +127,35 @@ def test_bad_settings_are_reported_and_the_program_still_runs(wheel_python, tmp_
     assert "agl-bridge: AGL_BRIDGE_AUTO is set but start-up failed" in out.stderr
     assert "unknown exporter(s) ['kafka']" in out.stderr
     assert not list(iter_parquet_files(tmp_path)) if (tmp_path / "traces").exists() else True
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_otlp_export_to_our_receiver_by_environment_only(wheel_python, tmp_path, protocol):
+    from agl_bridge.otel import SpanParquetWriter
+    from agl_bridge.otel.receiver import OTLPReceiver
+
+    writer = SpanParquetWriter(tmp_path / "received", background_rotation=False)
+    receiver = OTLPReceiver(writer, http_port=0, grpc_port=0).start()
+    try:
+        port = receiver.grpc_port if protocol == "grpc" else receiver.http_port
+        with ScriptedServer(vllm=True, completion_ids=[3, 4]) as server:
+            out = run_agent(wheel_python, server.base_url, {
+                "AGL_BRIDGE_AUTO": "1", "OTEL_TRACES_EXPORTER": "both",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "local"),
+                "OTEL_SERVICE_NAME": "over-otlp"})
+        assert out.returncode == 0, out.stderr
+    finally:
+        receiver.stop()
+    received, _ = read_spans(tmp_path / "received")
+    local, _ = read_spans(tmp_path / "local")
+    chats = sorted(r["request_model"] for r in received if r["operation_name"] == "chat")
+    assert chats == ["checker", "solver", "tool-agent"]
+    assert all(r["completion_token_ids"] == [3, 4] for r in received
+               if r["operation_name"] == "chat")
+
+    def key(rows):
+        return sorted((r["span_id"], r["name"], r["attributes"]) for r in rows)
+    assert key(received) == key(local)  # both exporters wrote the same spans
