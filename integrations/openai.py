@@ -411,16 +411,7 @@ def _record_ids(span: trace.Span, call: _Call, prompt_ids: Any, completion_ids: 
 def _record_response(span: trace.Span, result: Any, call: _Call) -> None:
     """Put what the server answered on the span, then undo what we asked on the caller's behalf."""
     choices = getattr(result, "choices", None)
-    if not isinstance(choices, list):
-        # .with_raw_response (how langchain-openai calls): parse() caches its result, so the
-        # caller's own parse() later returns the very object we record and restore here
-        if callable(getattr(result, "parse", None)) and hasattr(result, "http_response"):
-            try:
-                parsed = result.parse()
-            except Exception:  # the caller's parse() will raise it where it can handle it
-                return
-            if isinstance(getattr(parsed, "choices", None), list):
-                _record_response(span, parsed, call)
+    if not isinstance(choices, list):  # raw responses never get here: see _RawResponseProxy
         return
     _record_common(span, call, response_id=getattr(result, "id", None),
                    model=getattr(result, "model", None),
@@ -653,6 +644,7 @@ class _AsyncStreamProxy(ObjectProxy):
 class _RawResponseProxy(ObjectProxy):
     """What ``with_raw_response`` / ``with_streaming_response`` return, as the caller knows it.
 
+    langchain-openai calls ``with_raw_response.create()`` then ``parse()`` at once.
     The chat completion (or stream) exists only once the caller calls ``parse()``: that is
     where it is recorded (a stream: wrapped, and its span ends with it), and where the fields we
     asked for are reset. A raw response never parsed ends its span when it is collected. The
