@@ -70,7 +70,17 @@ def scoped(**scope: Any) -> Iterator[Mapping[str, Any]]:
     try:
         yield merged
     finally:
-        otel_context.detach(token)
+        _detach(token)
+
+
+def _detach(token: Any) -> None:
+    """Detach, tolerating an async generator closed from another context (at garbage
+    collection, or by a different task): that context never saw the attach, so there is
+    nothing to undo there, and OpenTelemetry would log an error into the application."""
+    try:
+        token.var.reset(token)
+    except (ValueError, RuntimeError):
+        pass
 
 
 @contextlib.contextmanager
