@@ -20,8 +20,9 @@ Choices are interleaved for ``n > 1`` (choice i's ids are the script's ids plus 
 ``tool_calls`` makes every answer call those tools (``finish_reason: tool_calls``); streamed,
 a call comes as a first delta with its id, type and name (empty arguments), then the
 arguments in pieces, as OpenAI and vLLM's tool parsers send them. ``ids_for(body)`` can
-script the ids per request; ``stream_error_after`` sends vLLM's in-stream error event after
-that many chunks.
+script the ids per request, and ``script(body)`` the reply and tool calls per request (for
+multi-agent runs whose agents must answer, vote or pick a speaker); ``stream_error_after``
+sends vLLM's in-stream error event after that many chunks.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class ScriptedServer:
                  completion_ids: list[int] | None = None, status: int = 200,
                  tool_calls: list[dict[str, str]] | None = None,
                  ids_for: Callable[[dict[str, Any]], tuple[list[int], list[int]]] | None = None,
+                 script: Callable[[dict[str, Any]], tuple[str, list[dict[str, str]]]] | None = None,
                  chunk_delay_s: float = 0.0, stream_error_after: int | None = None) -> None:
         self.vllm = vllm
         self.reply = reply
@@ -53,6 +55,7 @@ class ScriptedServer:
         self.status = status
         self.tool_calls = tool_calls or []
         self.ids_for = ids_for
+        self.script = script
         self.chunk_delay_s = chunk_delay_s
         self.stream_error_after = stream_error_after
         self.requests: list[dict[str, Any]] = []
@@ -121,24 +124,30 @@ class ScriptedServer:
         return [{"token": str(t), "logprob": -0.5 - 0.25 * (start + i), "bytes": [],
                  "top_logprobs": []} for i, t in enumerate(ids)]
 
-    def _tool_calls_message(self) -> list[dict[str, Any]]:
+    def answer(self, body: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+        """(reply text, tool calls) for this request."""
+        return self.script(body) if self.script else (self.reply, self.tool_calls)
+
+    @staticmethod
+    def _tool_calls_message(calls: list[dict[str, str]]) -> list[dict[str, Any]]:
         return [{"id": c["id"], "type": "function",
                  "function": {"name": c["name"], "arguments": c["arguments"]}}
-                for c in self.tool_calls]
+                for c in calls]
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt_ids, completion_ids = self.ids(body)
+        reply, calls = self.answer(body)
         want_ids = self.vllm and body.get("return_token_ids")
         choices = []
         for i in range(body.get("n") or 1):
             ids = [t + 100 * i for t in completion_ids]
             choice: dict[str, Any] = {
-                "index": i, "finish_reason": "tool_calls" if self.tool_calls else "stop",
-                "message": {"role": "assistant", "content": self.reply},
+                "index": i, "finish_reason": "tool_calls" if calls else "stop",
+                "message": {"role": "assistant", "content": reply},
                 "logprobs": None,
             }
-            if self.tool_calls:
-                choice["message"]["tool_calls"] = self._tool_calls_message()
+            if calls:
+                choice["message"]["tool_calls"] = self._tool_calls_message(calls)
             if body.get("logprobs"):
                 choice["logprobs"] = {"content": self.logprob_entries(ids)}
             if self.vllm:
@@ -154,14 +163,15 @@ class ScriptedServer:
             out["prompt_token_ids"] = prompt_ids if want_ids else None
         return out
 
-    def _deltas(self, n_tokens: int) -> list[dict[str, Any]]:
+    @staticmethod
+    def _deltas(n_tokens: int, reply: str, calls: list[dict[str, str]]) -> list[dict[str, Any]]:
         """The content of the token chunks of one choice: text pieces, then tool-call pieces."""
         deltas: list[dict[str, Any]] = []
-        text = self.reply or ""
-        pieces = max(1, n_tokens - 2 * len(self.tool_calls)) if text else 0
+        text = reply or ""
+        pieces = max(1, n_tokens - 2 * len(calls)) if text else 0
         step = -(-len(text) // pieces) if pieces else 0
         deltas += [{"content": text[k * step:(k + 1) * step]} for k in range(pieces)]
-        for position, call in enumerate(self.tool_calls):
+        for position, call in enumerate(calls):
             deltas.append({"tool_calls": [{"index": position, "id": call["id"], "type": "function",
                                            "function": {"name": call["name"], "arguments": ""}}]})
             args = call["arguments"]
@@ -175,6 +185,7 @@ class ScriptedServer:
 
     def stream_events(self, body: dict[str, Any]) -> list[str]:
         prompt_ids, completion_ids = self.ids(body)
+        reply, calls = self.answer(body)
         want_ids = self.vllm and body.get("return_token_ids")
         n = body.get("n") or 1
         head = {"id": "chatcmpl-scripted-stream", "object": "chat.completion.chunk",
@@ -191,7 +202,7 @@ class ScriptedServer:
         per_choice = []
         for i in range(n):
             ids = [t + 100 * i for t in completion_ids]
-            deltas = self._deltas(len(ids))
+            deltas = self._deltas(len(ids), reply, calls)
             chunks = []
             for k, delta in enumerate(deltas):
                 token = ids[k:k + 1]
@@ -201,7 +212,7 @@ class ScriptedServer:
                     choice["logprobs"] = {"content": self.logprob_entries(token, k)}
                 chunk = dict(head, choices=[choice])
                 if k == len(deltas) - 1:
-                    choice["finish_reason"] = "tool_calls" if self.tool_calls else "stop"
+                    choice["finish_reason"] = "tool_calls" if calls else "stop"
                     if self.vllm:
                         choice["stop_reason"] = None
                     chunk["system_fingerprint"] = FINGERPRINT
