@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,3 +33,27 @@ def spans() -> InMemorySpanExporter:
 @pytest.fixture
 def provider() -> TracerProvider:
     return _PROVIDER
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> Path:
+    """This tree built as a wheel (with the start-up hook), as users install it."""
+    dist = tmp_path_factory.mktemp("dist")
+    root = Path(__file__).resolve().parents[1]
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(dist), str(root)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = dist.glob("agl_bridge-*.whl")
+    return wheel
+
+
+@pytest.fixture
+def instrumented():
+    """The OpenAI instrumentor on for one test (framework tests override this fixture)."""
+    from agl_bridge.integrations.openai import OpenAIInstrumentor
+
+    inst = OpenAIInstrumentor()
+    inst.instrument()
+    yield inst
+    inst.uninstrument()

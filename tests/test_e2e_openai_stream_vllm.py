@@ -10,7 +10,6 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 import agl_bridge
 from agl_bridge import semconv as sc
-from agl_bridge.integrations.openai import OpenAIInstrumentor
 from agl_bridge.trainer.tiny_model import build_tiny_model
 from agl_bridge.trainer.vllm_server import VLLMServer
 
@@ -27,14 +26,6 @@ def vllm(tmp_path_factory):
     with VLLMServer(model, served_model_name="tiny", max_model_len=512, kv_cache_gib=1,
                     log_path=root / "vllm.log") as server:
         yield server
-
-
-@pytest.fixture
-def instrumented():
-    inst = OpenAIInstrumentor()
-    inst.instrument()
-    yield inst
-    inst.uninstrument()
 
 
 def messages(prompt):

@@ -14,14 +14,6 @@ from scripted_server import ScriptedServer
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def instrumented():
-    inst = OpenAIInstrumentor()
-    inst.instrument()
-    yield inst
-    inst.uninstrument()
-
-
 def chat_spans(spans):
     return [s for s in spans.get_finished_spans() if s.name.startswith("chat")]
 

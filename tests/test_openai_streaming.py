@@ -14,6 +14,7 @@ import agl_bridge
 from agl_bridge import semconv as sc
 from agl_bridge.integrations.openai import OpenAIInstrumentor
 from scripted_server import ScriptedServer
+from test_openai_instrumentor import chat_spans
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {
@@ -21,18 +22,6 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
 CALLS = [{"id": "call_1", "name": "add", "arguments": '{"a": 1, "b": 2}'},
          {"id": "call_2", "name": "mul", "arguments": '{"a": 3}'}]
-
-
-@pytest.fixture
-def instrumented():
-    inst = OpenAIInstrumentor()
-    inst.instrument()
-    yield inst
-    inst.uninstrument()
-
-
-def chat_spans(spans):
-    return [s for s in spans.get_finished_spans() if s.name.startswith("chat")]
 
 
 def one_span(spans):

@@ -24,13 +24,8 @@ VENV_DEPS = ["openai", "opentelemetry-distro"]
 
 
 @pytest.fixture(scope="session")
-def wheel_python(tmp_path_factory) -> Path:
-    dist = tmp_path_factory.mktemp("dist")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                            "--no-build-isolation", "-w", str(dist), str(ROOT)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    (wheel,) = dist.glob("agl_bridge-*.whl")
+def wheel_python(built_wheel) -> Path:
+    wheel = built_wheel
     key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:12]
     venv = ROOT / ".cache" / f"venv-wheel-{key}"
     python = venv / "bin" / "python"
