@@ -225,3 +225,23 @@ def test_values_arrow_would_refuse_stay_lossless_instead_of_failing_the_batch(tm
     assert got["service_name"] is None and json.loads(got["resource"]) == {"service.name": 7}
     with pytest.raises(ValueError, match="end time 18446744073709551616 is not an int64"):
         build_row(**{**base, "end_time_unix_nano": 2**64}, attributes={})
+
+
+def test_pandas_and_duckdb_read_the_partitioned_dataset_unaided(tmp_path, make_spans):
+    import duckdb
+    import pandas as pd
+
+    exporter = ParquetSpanExporter(tmp_path, max_file_rows=2)
+    exporter.export(make_spans(lambda t: [t.start_span(f"s{i}", attributes={
+        sc.TURN_INDEX: i, sc.PROMPT_TOKEN_IDS: [i, i + 1]}).end() for i in range(5)]))
+    exporter.shutdown()
+    frame = pd.read_parquet(tmp_path)  # pyarrow engine, hive partitions discovered
+    assert sorted(frame["name"]) == [f"s{i}" for i in range(5)]
+    assert set(frame["service"].astype(str)) == {"unknown_service_python"}
+    assert list(frame.sort_values("name")["prompt_token_ids"].iloc[4]) == [4, 5]
+    rows = duckdb.sql(
+        f"SELECT name, turn_index, prompt_token_ids[2] AS second, date, service "
+        f"FROM read_parquet('{tmp_path}/*/*/*.parquet', hive_partitioning = true) "
+        f"ORDER BY turn_index").fetchall()
+    assert [(r[0], r[1], r[2]) for r in rows] == [(f"s{i}", i, i + 1) for i in range(5)]
+    assert {r[4] for r in rows} == {"unknown_service_python"}
