@@ -35,3 +35,26 @@ def test_semconv_is_the_only_place_attribute_names_are_spelled():
             offenders += [f"{path.relative_to(root)}: {m}" for m in
                           pattern.findall(path.read_text())]
     assert offenders == []
+
+
+def test_every_instrumentor_has_an_entry_point():
+    """AGL_BRIDGE_AUTO and opentelemetry-instrument find instrumentors only by entry point."""
+    import importlib
+    import inspect
+    import pathlib
+    from importlib.metadata import entry_points
+
+    from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    found = set()
+    for folder, package in (("integrations", "agl_bridge.integrations"),
+                            ("otel", "agl_bridge.otel")):
+        for path in (root / folder).glob("*.py"):
+            module = importlib.import_module(f"{package}.{path.stem}")
+            found |= {f"{module.__name__}:{name}" for name, obj in vars(module).items()
+                      if inspect.isclass(obj) and issubclass(obj, BaseInstrumentor)
+                      and obj is not BaseInstrumentor and obj.__module__ == module.__name__}
+    registered = {ep.value for ep in entry_points(group="opentelemetry_instrumentor")
+                  if ep.name.startswith("agl_bridge_")}
+    assert found and found == registered

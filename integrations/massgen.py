@@ -1,0 +1,238 @@
+"""MassGen (0.1.x): every agent's LLM calls with agent id, turn and coordination round; new
+answers, votes, restarts and the final selection as coordination spans.
+
+MassGen's bookkeeping lives in ``CoordinationTracker``; its model calls go through
+``backend.stream_with_tools(..., agent_id=...)`` of one ``LLMBackend`` subclass per provider.
+So the integration wraps
+
+* every backend's ``stream_with_tools``: the call runs in the agent's scope (episode, agent,
+  turn = its n-th activation, coordination round = MassGen's per-agent round), so the openai
+  instrumentor's ``chat`` spans, with vLLM token ids, carry them;
+* the tracker's ``add_agent_answer``, ``add_agent_vote`` (the vote's target is the real agent id:
+  MassGen maps its anonymous labels back before recording), ``track_restart_signal`` and
+  ``set_final_agent``: the coordination vocabulary of ``agl_bridge.coordination``, with the vote
+  tallies (``Orchestrator._get_vote_results``) on the final selection, which is what vote and
+  coordination rewards are computed from.
+
+One tracker is one MassGen run: one episode (the one in scope when MassGen starts, else new).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import logging
+import threading
+import uuid
+import weakref
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.utils import unwrap
+from wrapt import wrap_function_wrapper
+
+from agl_bridge.coordination import final_selection, new_answer, restart, vote
+from agl_bridge.scope import current_scope, scoped
+
+logger = logging.getLogger(__name__)
+
+_TRACKER = "massgen.coordination_tracker"
+_ORCHESTRATOR = "massgen.orchestrator"
+# (module, class) of the backends whose stream_with_tools is the model call
+_BACKENDS = (
+    ("massgen.backend.base", "LLMBackend"),
+    ("massgen.backend.chat_completions", "ChatCompletionsBackend"),
+    ("massgen.backend.response", "ResponseBackend"),
+    ("massgen.backend.claude", "ClaudeBackend"),
+    ("massgen.backend.gemini", "GeminiBackend"),
+    ("massgen.backend.lmstudio", "LMStudioBackend"),
+    ("massgen.backend.inference", "InferenceBackend"),
+    ("massgen.backend.azure_openai", "AzureOpenAIBackend"),
+    ("massgen.backend.base_with_custom_tool_and_mcp", "CustomToolAndMCPBackend"),
+)
+
+
+# set while a wrapped stream_with_tools runs: a subclass calling super().stream_with_tools must
+# not count a second activation
+_IN_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("agl_bridge_massgen_call",
+                                                               default=False)
+
+
+@dataclass
+class _Session:
+    episode_id: str
+    task_id: str | None
+    tracker: Any
+    activations: Counter = field(default_factory=Counter)
+    orchestrator: Any = None  # weakref to the Orchestrator that owns the tracker
+
+
+class _Sessions:
+    def __init__(self) -> None:
+        self._by_tracker: dict[int, _Session] = {}
+        self._order: list[int] = []
+        self._lock = threading.Lock()
+
+    def add(self, tracker: Any) -> None:
+        scope = current_scope()
+        session = _Session(scope.get("episode_id") or uuid.uuid4().hex, scope.get("task_id"),
+                           weakref.ref(tracker))
+        with self._lock:
+            self._by_tracker[id(tracker)] = session
+            self._order.append(id(tracker))
+            # forget runs whose tracker is gone
+            for key in [k for k in self._order if self._by_tracker[k].tracker() is None]:
+                self._order.remove(key)
+                del self._by_tracker[key]
+
+    def of_tracker(self, tracker: Any) -> _Session | None:
+        return self._by_tracker.get(id(tracker))
+
+    def of_agent(self, agent_id: str | None) -> _Session | None:
+        """The latest run that has this agent."""
+        with self._lock:
+            for key in reversed(self._order):
+                session = self._by_tracker[key]
+                tracker = session.tracker()
+                if tracker is not None and agent_id in (getattr(tracker, "agent_ids", None) or ()):
+                    return session
+        return None
+
+
+def _round(session: _Session | None, agent: str | None) -> int | None:
+    tracker = session.tracker() if session else None
+    try:
+        return tracker.get_agent_round(agent) if tracker is not None and agent else None
+    except Exception:  # a tracker without rounds: no round, not a failed call
+        return None
+
+
+class MassGenInstrumentor(BaseInstrumentor):
+    """Agent scope for MassGen's model calls and its answers, votes, restarts and winner."""
+
+    hook_module = "massgen"
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("massgen >= 0.1.90, < 0.2",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        self._sessions = _Sessions()
+        self._wrapped: list[tuple[Any, str]] = []
+        tracker_cls = importlib.import_module(_TRACKER).CoordinationTracker
+        for method, wrapper in (("__init__", self._tracker_init),
+                                ("add_agent_answer", self._answer),
+                                ("add_agent_vote", self._vote),
+                                ("track_restart_signal", self._restart),
+                                ("set_final_agent", self._final)):
+            wrap_function_wrapper(tracker_cls, method, wrapper)
+            self._wrapped.append((tracker_cls, method))
+        orchestrator_cls = importlib.import_module(_ORCHESTRATOR).Orchestrator
+        wrap_function_wrapper(orchestrator_cls, "__init__", self._orchestrator_init)
+        self._wrapped.append((orchestrator_cls, "__init__"))
+        for module, name in _BACKENDS:
+            try:
+                cls = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError) as exc:  # a backend this release lacks
+                logger.info("agl_bridge: massgen backend %s.%s not instrumented: %s",
+                            module, name, exc)
+                continue
+            if "stream_with_tools" in vars(cls):  # only classes that define it themselves
+                wrap_function_wrapper(cls, "stream_with_tools", self._stream_with_tools)
+                self._wrapped.append((cls, "stream_with_tools"))
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        for cls, method in self._wrapped:
+            unwrap(cls, method)
+        self._wrapped = []
+
+    # -- runs ------------------------------------------------------------------------------
+    def _tracker_init(self, wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        self._sessions.add(instance)
+        return result
+
+    def _orchestrator_init(self, wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        session = self._sessions.of_tracker(getattr(instance, "coordination_tracker", None))
+        if session is not None:
+            session.orchestrator = weakref.ref(instance)
+        return result
+
+    # -- model calls -----------------------------------------------------------------------
+    def _stream_with_tools(self, wrapped, instance, args, kwargs):
+        agent = kwargs.get("agent_id")
+        session = self._sessions.of_agent(agent)
+        if session is None or _IN_CALL.get():
+            return wrapped(*args, **kwargs)
+        turn = session.activations[agent]
+        session.activations[agent] += 1
+        scope = dict(episode_id=session.episode_id, task_id=session.task_id, agent_name=agent,
+                     turn_index=turn, coordination_round=_round(session, agent))
+
+        async def stream():
+            token = _IN_CALL.set(True)
+            try:
+                with scoped(**scope):
+                    async for chunk in wrapped(*args, **kwargs):
+                        yield chunk
+            finally:
+                try:
+                    _IN_CALL.reset(token)
+                except ValueError:  # closed from another context (garbage collection)
+                    pass
+        return stream()
+
+    # -- coordination ----------------------------------------------------------------------
+    def _in_session(self, tracker: Any, agent: str | None) -> dict[str, Any]:
+        session = self._sessions.of_tracker(tracker)
+        if session is None:
+            return {}
+        return dict(episode_id=session.episode_id, task_id=session.task_id,
+                    coordination_round=_round(session, agent))
+
+    def _answer(self, wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        agent = kwargs.get("agent_id", args[0] if args else None)
+        answer = kwargs.get("answer", args[1] if len(args) > 1 else None)
+        with scoped(**self._in_session(instance, agent)):
+            new_answer(agent, answer if isinstance(answer, str) else None)
+        return result
+
+    def _vote(self, wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        voter = kwargs.get("agent_id", args[0] if args else None)
+        data = kwargs.get("vote_data", args[1] if len(args) > 1 else None) or {}
+        target = data.get("agent_id")
+        if voter and target:
+            with scoped(**self._in_session(instance, voter)):
+                vote(voter, target, data.get("reason"))
+        return result
+
+    def _restart(self, wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        trigger = kwargs.get("triggering_agent", args[0] if args else None)
+        agents = kwargs.get("agents_restarted", args[1] if len(args) > 1 else None) or []
+        for agent in agents:
+            with scoped(**self._in_session(instance, agent)):
+                restart(agent, reason=f"new answer from {trigger}" if trigger else None)
+        return result
+
+    def _final(self, wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        agent = kwargs.get("agent_id", args[0] if args else None)
+        session = self._sessions.of_tracker(instance)
+        counts = None
+        orchestrator = session.orchestrator() if session and session.orchestrator else None
+        if orchestrator is not None:
+            try:
+                counts = orchestrator._get_vote_results().get("vote_counts") or None
+            except Exception as exc:  # tallies are a bonus; the selection is still recorded
+                logger.info("agl_bridge: massgen vote results unavailable: %s", exc)
+        if agent:
+            with scoped(**self._in_session(instance, agent)):
+                final_selection(agent, vote_counts={k: int(v) for k, v in counts.items()}
+                                if counts else None)
+        return result
