@@ -21,14 +21,24 @@ from pathlib import Path
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.transitions import convert
+    from agl_bridge.trainer.transitions import ConvertConfig, convert
 
     missing = args.missing_reward if args.missing_reward == "drop" else float(args.missing_reward)
-    stats = convert(args.spans, args.out, missing_reward=missing)
+    config = ConvertConfig(algorithm=args.algorithm, alpha=args.alpha, gamma=args.gamma,
+                           advantage_unit=args.advantage_unit,
+                           scale_advantages=not args.no_scale_advantages,
+                           missing_reward=missing)
+
+    def progress(done: int, total: int) -> None:
+        if sys.stderr.isatty() or total > 1:
+            end = "\n" if done == total else ""
+            print(f"\rconverting: bucket {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+    stats = convert(args.spans, args.out, config, max_rows_in_memory=args.max_rows_in_memory,
+                    progress=progress)
     print(stats.summary())
     print(f"wrote {args.out}")
     return 0 if stats.transitions else 1
-
 
 def _train(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.train import GRPOConfig, train_grpo
@@ -145,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("out", help="transitions Parquet file to write")
     c.add_argument("--missing-reward", default="drop",
                    help="'drop' episodes without a reward (default) or a number to give them")
+    c.add_argument("--algorithm", choices=["at_grpo", "lightning_rl"], default="at_grpo",
+                   help="credit and groups: AT-GRPO (task, agent, turn) or LightningRL (task)")
+    c.add_argument("--alpha", type=float, default=1.0,
+                   help="AT-GRPO: reward = alpha * team + local (default 1)")
+    c.add_argument("--gamma", type=float, default=1.0,
+                   help="discount of the team reward over an agent's turns (default 1: none)")
+    c.add_argument("--advantage-unit", choices=["transition", "rollout"], default="transition",
+                   help="what counts once in a group's mean and std")
+    c.add_argument("--no-scale-advantages", action="store_true",
+                   help="mean-centre only (Dr. GRPO), do not divide by the std")
+    c.add_argument("--max-rows-in-memory", type=int, default=500_000,
+                   help="past this many span rows, convert bucket by bucket (flat memory)")
     c.set_defaults(func=_convert)
 
     t = sub.add_parser("train", help="one GRPO round on a LoRA adapter")

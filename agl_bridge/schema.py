@@ -13,7 +13,7 @@ import pyarrow as pa
 from agl_bridge import semconv as sc
 
 SPAN_SCHEMA_VERSION = 1
-TRANSITION_SCHEMA_VERSION = 1
+TRANSITION_SCHEMA_VERSION = 2
 
 # attribute key -> (column name, arrow type) for attributes promoted to their own column
 PROMOTED_ATTRIBUTES: dict[str, tuple[str, pa.DataType]] = {
@@ -64,17 +64,22 @@ TRANSITION_SCHEMA = pa.schema(
         pa.field("turn_index", pa.int32()),
         pa.field("candidate_index", pa.int32()),
         pa.field("trace_id", pa.string()),
-        pa.field("span_id", pa.string()),  # the LLM span this transition came from
+        pa.field("span_id", pa.string()),  # the (first) LLM span this transition came from
+        pa.field("merged_calls", pa.int32(), nullable=False),  # LLM calls merged into it
         pa.field("request_model", pa.string()),
         pa.field("policy_version", pa.string()),  # behaviour policy that sampled the completion
         pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
         pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
-        # 1 where the completion token is trained on, 0 where it is context (observations merged
-        # in by later converters); same length as completion_ids
+        # 1 where the completion token is trained on, 0 where it is context: the observation
+        # tokens between merged calls of one turn; same length as completion_ids
         pa.field("completion_mask", pa.list_(pa.int8()), nullable=False),
-        pa.field("behaviour_logprobs", pa.list_(pa.float32())),  # null if the server sent none
+        # sampler's logprobs of completion_ids (0.0 at masked positions); null if the server
+        # sent none
+        pa.field("behaviour_logprobs", pa.list_(pa.float32())),
         pa.field("reward", pa.float64(), nullable=False),
-        pa.field("group_id", pa.string(), nullable=False),  # rollouts compared with each other
+        pa.field("group_id", pa.string(), nullable=False),  # transitions compared with each other
+        pa.field("advantage", pa.float64()),  # group-relative, as configured at conversion
+        pa.field("retokenized", pa.bool_(), nullable=False),  # ids rebuilt from text, not served
         pa.field("start_time_unix_nano", pa.int64()),
     ],
     metadata={

@@ -31,7 +31,7 @@ def test_transitions_carry_exactly_the_ids_vllm_returned(loop):
         assert all(t["behaviour_logprobs"] is not None and
                    len(t["behaviour_logprobs"]) == len(t["completion_ids"]) for t in table)
         assert {t["agent_name"] for t in table} == {"solver", "checker"}
-        assert len({t["group_id"] for t in table}) == 3
+        assert len({t["group_id"] for t in table}) == 6  # AT-GRPO: (task, agent, turn)
         assert rnd["skipped"] == {}
 
 

@@ -23,7 +23,8 @@ def transitions(rewards, groups=None):
         rows.append({"episode_id": f"e{i}", "task_id": "t", "agent_name": "a",
                      "prompt_ids": [257, 40 + i, 41, 258], "completion_ids": [60 + i, 61, 62],
                      "completion_mask": [1, 1, 1], "behaviour_logprobs": None, "reward": r,
-                     "group_id": (groups or ["task:t"] * len(rewards))[i]})
+                     "group_id": (groups or ["task:t"] * len(rewards))[i],
+                     "merged_calls": 1, "retokenized": False})
     return pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA)
 
 

@@ -12,19 +12,20 @@ _N = iter(range(1, 10**9))
 
 
 def llm(episode, t, *, task="t1", agent="a", prompt=(1, 2), completion=(3, 4), logprobs=None,
-        trace="T"):
+        trace="T", turn=0, candidate=None):
     return {"trace_id": trace, "span_id": f"s{next(_N)}", "name": "chat m", "episode_id": episode,
-            "task_id": task, "agent_name": agent, "turn_index": 0, "operation_name": "chat",
+            "task_id": task, "agent_name": agent, "turn_index": turn,
+            "candidate_index": candidate, "operation_name": "chat",
             "start_time_unix_nano": t,
             "prompt_token_ids": None if prompt is None else list(prompt),
             "completion_token_ids": None if completion is None else list(completion),
             "completion_logprobs": logprobs}
 
 
-def reward(episode, t, value, *, scope="episode", trace="T"):
+def reward(episode, t, value, *, scope="episode", trace="T", agent=None, turn=None):
     return {"trace_id": trace, "span_id": f"s{next(_N)}", "name": "agl_bridge.reward",
             "episode_id": episode, "start_time_unix_nano": t, "reward_value": value,
-            "reward_scope": scope}
+            "reward_scope": scope, "agent_name": agent, "turn_index": turn}
 
 
 def table(rows):
@@ -43,7 +44,8 @@ def test_episode_reward_reaches_every_call_of_its_episode_only():
                            ("e2", "b", 0.25)]
     assert stats.transitions == 4 and stats.episodes == 2 and not stats.skipped
     r = out.to_pylist()[0]
-    assert r["completion_mask"] == [1, 1] and r["group_id"] == "task:t1"
+    assert r["completion_mask"] == [1, 1] and r["group_id"] == "task:t1|agent:a|turn:0"
+    assert r["merged_calls"] == 1 and r["retokenized"] is False
 
 
 def test_calls_without_token_ids_are_skipped_and_counted():
@@ -71,7 +73,9 @@ def test_several_rewards_add_up_and_bad_ones_are_noted():
     out, stats = spans_to_transitions(table(rows))
     assert out.to_pylist()[0]["reward"] == 0.75
     notes = " | ".join(stats.notes)
-    assert "non-finite reward nan in episode e1" in notes and "scope 'turn'" in notes
+    assert "non-finite reward (rejected)" in notes
+    assert "turn-scoped reward without agent and turn (ignored)" in notes
+    assert stats.rejected_rewards and stats.rejected_rewards[0].startswith("nan in episode e1")
 
 
 def test_duplicates_orphans_and_trace_fallback():
@@ -79,7 +83,7 @@ def test_duplicates_orphans_and_trace_fallback():
     rows = [dup, dict(dup), reward(None, 2, 1.0, trace="TR1"), llm(None, 3, trace="TR2",
             task=None), reward(None, 4, 0.0, trace="TR2")]
     out, stats = spans_to_transitions(table(rows))
-    got = sorted((r["episode_id"], r["group_id"]) for r in out.to_pylist())
+    got = sorted((r["episode_id"], r["group_id"].split("|")[0]) for r in out.to_pylist())
     assert got == [("trace:TR1", "task:t1"), ("trace:TR2", "episode:trace:TR2")]
     assert stats.notes["duplicate span id (later copy ignored)"] == 1
 

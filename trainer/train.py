@@ -146,13 +146,19 @@ def train_grpo(
     table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
     if table.num_rows == 0:
         raise ValueError("no transitions to train on (see the converter's skip counts)")
-    rows = table.select(["prompt_ids", "completion_ids", "completion_mask", "reward",
-                         "group_id", "behaviour_logprobs"]).to_pylist()
+    columns = ["prompt_ids", "completion_ids", "completion_mask", "reward", "group_id",
+               "behaviour_logprobs"]
+    if "advantage" in table.column_names:
+        columns.append("advantage")
+    rows = table.select(columns).to_pylist()
     for i, r in enumerate(rows):
         if not math.isfinite(r["reward"]):
             raise ValueError(f"transition {i}: reward is {r['reward']}; refusing to train on it")
-    advantages = group_advantages([r["reward"] for r in rows], [r["group_id"] for r in rows],
-                                  eps=cfg.scale_rewards_eps)
+    if rows and all(r.get("advantage") is not None for r in rows):
+        advantages = [r["advantage"] for r in rows]  # as the converter was configured
+    else:
+        advantages = group_advantages([r["reward"] for r in rows], [r["group_id"] for r in rows],
+                                      eps=cfg.scale_rewards_eps)
 
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)

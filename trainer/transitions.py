@@ -1,36 +1,83 @@
-"""TraceToTransitions v0: span rows -> one transition per LLM call.
+"""TraceToTransitions: span rows -> one transition per agent per turn, with rewards and groups.
 
-Credit assignment is Agent Lightning's identical assignment: the episode's reward goes to every
-LLM call of that episode. Rewards are matched within an episode only (never by time across
-episodes: with concurrent rollouts that sends rewards to the wrong calls). Groups are tasks:
-every rollout of one task is compared with the others (GRPO).
+The converter decides what the trainer learns from, so it is explicit about every choice:
 
-``spans_to_transitions`` is a pure function of a table; ``convert`` is the IO edge around it.
-Nothing here imports torch.
+* **Transitions.** LLM spans (``gen_ai.operation.name = chat``) with token ids. An agent's calls
+  within one turn (same episode, agent, turn and candidate) are merged into one transition when
+  each next prompt extends the context so far (previous prompt + completion): the tokens the
+  next prompt adds (tool results, other agents' messages) join the completion with mask 0, so
+  they are context, not trained on. A call that does not extend the context starts a new
+  transition, and is counted.
+* **Turns.** From ``agl_bridge.turn.index`` when the span has it. Otherwise inferred: within an
+  episode, in time order, an agent's turn is a run of its calls not interrupted by another
+  agent's call (an agent's turn ends when another agent speaks); calls with no agent are one
+  turn each.
+* **Rewards** (``agl_bridge.reward`` spans) are matched within their episode only, by scope;
+  see ``agl_bridge.trainer.credit`` for AT-GRPO mixing and LightningRL's identical assignment.
+  A non-finite reward is rejected with its location (span id, and file when read from disk).
+* **Groups and advantages** as configured (``ConvertConfig``); written with each transition.
+
+Bad input never stops the batch: LLM spans without token ids, empty completions, duplicate span
+ids, episodes without a reward (``missing_reward``), clock skew (end before start) and
+unreadable files are skipped or noted and counted. The converter does not walk parent links
+(every span carries its scope), so orphans, missing parents and cycles cannot derail it.
+
+Memory: ``convert`` reads small datasets whole; past ``max_rows_in_memory`` it first spills the
+rows to hash buckets by task (temporary Parquet; a GRPO group spans the episodes of one task)
+and converts bucket by bucket, so memory follows the bucket size, not the dataset. Pure table in, table out: ``spans_to_transitions``.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
+import zlib
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from agl_bridge import semconv as sc
-from agl_bridge.parquet_io import iter_parquet_files, read_checked, write_table_atomic
+from agl_bridge.parquet_io import SchemaError, iter_parquet_files, read_checked, write_table_atomic
 from agl_bridge.schema import REQUIRED_SPAN_COLUMNS, SPAN_SCHEMA, TRANSITION_SCHEMA
+from agl_bridge.trainer.credit import (
+    AdvantageUnit,
+    Algorithm,
+    EpisodeRewards,
+    Key,
+    Reward,
+    advantages,
+    group_key,
+    transition_reward,
+)
 
-# Span columns the converter reads (beyond the required ones, read when present).
 _OPTIONAL_COLUMNS = (
     "task_id", "agent_name", "turn_index", "candidate_index", "request_model", "policy_version",
-    "completion_logprobs", "reward_scope",
+    "completion_logprobs", "reward_scope", "end_time_unix_nano",
 )
-# Reward scopes that v0 broadcasts to the whole episode; the others wait for the full converter.
-_BROADCAST_SCOPES = (None, sc.RewardScope.EPISODE, sc.RewardScope.TEAM)
+_KEY_COLUMNS = ("trace_id", "span_id", "episode_id", "task_id", "agent_name", "turn_index",
+                "candidate_index", "start_time_unix_nano", "end_time_unix_nano", "request_model",
+                "policy_version")
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """How spans become transitions. Defaults: AT-GRPO."""
+
+    algorithm: Algorithm = "at_grpo"
+    alpha: float = 1.0  # AT-GRPO: weight of the team reward in r = alpha * team + local
+    gamma: float = 1.0  # discount of the team reward over an agent's turns
+    advantage_unit: AdvantageUnit = "transition"
+    scale_advantages: bool = True  # divide by the group's std (GRPO); off: Dr. GRPO
+    missing_reward: Literal["drop"] | float = "drop"  # an episode with no reward
+    merge_turn_calls: bool = True
 
 
 @dataclass
@@ -39,124 +86,468 @@ class ConversionStats:
     episodes: int = 0
     llm_spans: int = 0
     transitions: int = 0
+    files: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> LLM spans not converted
-    notes: Counter = field(default_factory=Counter)  # reason -> things worth knowing, not fatal
+    notes: Counter = field(default_factory=Counter)  # reason -> worth knowing, not fatal
+    rejected_rewards: list[str] = field(default_factory=list)  # where, first 20
+    per_agent_turn: Counter = field(default_factory=Counter)  # (agent, turn) -> transitions
+    rewards: list[float] = field(default_factory=list)
+    zero_variance_groups: int = 0
+    groups: int = 0
+
+    def merge(self, other: "ConversionStats") -> None:
+        for name in ("spans", "episodes", "llm_spans", "transitions", "zero_variance_groups",
+                     "groups"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.skipped.update(other.skipped)
+        self.notes.update(other.notes)
+        self.per_agent_turn.update(other.per_agent_turn)
+        self.rewards += other.rewards
+        self.rejected_rewards += other.rejected_rewards[: max(0, 20 - len(self.rejected_rewards))]
 
     def summary(self) -> str:
         lines = [f"{self.spans} spans, {self.episodes} episodes, {self.llm_spans} LLM calls -> "
-                 f"{self.transitions} transitions"]
+                 f"{self.transitions} transitions in {self.groups} groups "
+                 f"({self.zero_variance_groups} with zero reward variance)"]
+        if self.rewards:
+            r = sorted(self.rewards)
+            q = lambda f: r[min(len(r) - 1, int(f * len(r)))]  # noqa: E731
+            lines.append(f"  reward: mean {math.fsum(r) / len(r):+.4f}, min {r[0]:+.4f}, "
+                         f"p50 {q(0.5):+.4f}, max {r[-1]:+.4f}")
+        if self.per_agent_turn:
+            cells = ", ".join(f"{a}@{t}: {n}" for (a, t), n in sorted(
+                self.per_agent_turn.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)))
+            lines.append(f"  transitions per agent@turn: {cells}")
         lines += [f"  skipped {n} LLM call(s): {why}" for why, n in sorted(self.skipped.items())]
         lines += [f"  note: {n} x {why}" for why, n in sorted(self.notes.items())]
+        lines += [f"  rejected reward: {where}" for where in self.rejected_rewards]
         return "\n".join(lines)
 
 
-def _episode_key(row: dict[str, Any]) -> str:
+# -- the pure part ----------------------------------------------------------------------------
+def _episode_keys(table: pa.Table) -> list[str]:
+    episodes = table["episode_id"].to_pylist()
+    traces = table["trace_id"].to_pylist()
     # Without the scoping API, one trace is one episode: the best guess that never mixes two.
-    return row["episode_id"] or f"trace:{row['trace_id']}"
+    return [e if e is not None else f"trace:{t}" for e, t in zip(episodes, traces)]
 
 
-def spans_to_transitions(
-    spans: pa.Table,
-    *,
-    missing_reward: Literal["drop"] | float = "drop",
-) -> tuple[pa.Table, ConversionStats]:
-    """Build transitions from a span table (SPAN_SCHEMA columns; the required ones at least).
+def _column(table: pa.Table, name: str) -> list[Any]:
+    return table[name].to_pylist() if name in table.column_names else [None] * table.num_rows
 
-    ``missing_reward``: what an episode with no reward span gets: ``"drop"`` (its calls are
-    skipped and counted) or a number to use as its reward.
-    """
-    stats = ConversionStats(spans=spans.num_rows)
-    cols = [c for c in REQUIRED_SPAN_COLUMNS + _OPTIONAL_COLUMNS if c in spans.column_names]
-    rows = spans.select(cols).to_pylist()
 
-    seen: set[tuple[str, str]] = set()
-    rewards: dict[str, float] = defaultdict(float)
-    has_reward: set[str] = set()
-    calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        key = (row["trace_id"], row["span_id"])
-        if key in seen:
+def _rewards(table: pa.Table, stats: ConversionStats, source: str
+             ) -> dict[str, EpisodeRewards]:
+    out: dict[str, EpisodeRewards] = defaultdict(EpisodeRewards)
+    if table.num_rows == 0:
+        return out
+    episodes = _episode_keys(table)
+    values, scopes = table["reward_value"].to_pylist(), _column(table, "reward_scope")
+    agents, turns = _column(table, "agent_name"), _column(table, "turn_index")
+    span_ids = table["span_id"].to_pylist()
+    seen: set[str] = set()
+    for i, value in enumerate(values):
+        if span_ids[i] in seen:
             stats.notes["duplicate span id (later copy ignored)"] += 1
             continue
-        seen.add(key)
-        episode = _episode_key(row)
-        value = row["reward_value"]
-        if value is not None:
-            scope = row.get("reward_scope")
-            if not math.isfinite(value):
-                stats.notes[f"non-finite reward {value} in episode {episode} (ignored)"] += 1
-            elif scope in _BROADCAST_SCOPES:
-                rewards[episode] += value
-                has_reward.add(episode)
-            else:
-                stats.notes[f"reward with scope {scope!r} (not used by v0 converter)"] += 1
-        if row["operation_name"] == sc.OP_CHAT:
-            calls[episode].append(row)
+        seen.add(span_ids[i])
+        if not math.isfinite(value):
+            stats.notes["non-finite reward (rejected)"] += 1
+            if len(stats.rejected_rewards) < 20:
+                stats.rejected_rewards.append(
+                    f"{value} in episode {episodes[i]}, span {span_ids[i]}{source}")
+            continue
+        why = out[episodes[i]].add(Reward(episodes[i], value, scopes[i], agents[i], turns[i]))
+        if why:
+            stats.notes[f"{why} (ignored)"] += 1
+    return out
 
-    stats.episodes = len({_episode_key(r) for r in rows})
+
+def _infer_turns(rows: list[dict[str, Any]], stats: ConversionStats) -> None:
+    """Fill missing turns: an agent's turn is a run of its calls until another agent speaks."""
+    by_episode: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_episode[r["episode"]].append(r)
+    for calls in by_episode.values():
+        if all(r["turn"] is not None for r in calls):
+            continue
+        calls.sort(key=lambda r: (r["start"] or 0, r["span_id"]))
+        turns: Counter = Counter()
+        previous_agent: Any = object()
+        for r in calls:
+            agent = r["agent"]
+            if agent is None or agent != previous_agent:
+                turns[agent] += 1
+            previous_agent = agent
+            if r["turn"] is None:
+                r["turn"] = turns[agent] - 1
+                stats.notes["turn inferred (no turn attribute)"] += 1
+
+
+def _merge(group: list[dict[str, Any]], lists: dict[int, tuple], stats: ConversionStats
+           ) -> list[dict[str, Any]]:
+    """One agent-turn's calls (time order) -> merged transitions (see the module docstring)."""
     out: list[dict[str, Any]] = []
-    for episode, episode_calls in calls.items():
-        episode_calls.sort(key=lambda r: (r["start_time_unix_nano"], r["span_id"]))
-        for row in episode_calls:
-            stats.llm_spans += 1
-            prompt, completion = row["prompt_token_ids"], row["completion_token_ids"]
-            if prompt is None or completion is None:
-                stats.skipped["no token ids on the LLM span"] += 1
-                continue
-            if not completion:
-                stats.skipped["empty completion"] += 1
-                continue
-            if episode in has_reward:
-                reward = rewards[episode]
-            elif missing_reward == "drop":
+    cur: dict[str, Any] | None = None
+    context: list[int] = []
+    for r in group:
+        prompt, completion, logprobs = lists[r["row"]]
+        if cur is not None and prompt[:len(context)] == context:
+            observation = prompt[len(context):]
+            cur["completion"] += observation + completion
+            cur["mask"] += [0] * len(observation) + [1] * len(completion)
+            if cur["logprobs"] is not None and logprobs is not None:
+                cur["logprobs"] += [0.0] * len(observation) + list(logprobs)
+            else:
+                cur["logprobs"] = None
+            cur["merged"] += 1
+            context = prompt + completion
+            continue
+        if cur is not None:
+            stats.notes["call does not extend its turn's context (kept separate)"] += 1
+            out.append(cur)
+        cur = {**r, "prompt": list(prompt), "completion": list(completion),
+               "mask": [1] * len(completion),
+               "logprobs": list(logprobs) if logprobs is not None else None, "merged": 1}
+        context = list(prompt) + list(completion)
+    if cur is not None:
+        out.append(cur)
+    return out
+
+
+def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *,
+                         missing_reward: Literal["drop"] | float | None = None,
+                         source: str = "") -> tuple[pa.Table, ConversionStats]:
+    """Transitions from a span table (SPAN_SCHEMA columns; the required ones at least).
+
+    ``source`` names where the rows came from, for messages.
+    """
+    cfg = config or ConvertConfig()
+    if missing_reward is not None:
+        cfg = ConvertConfig(**{**cfg.__dict__, "missing_reward": missing_reward})
+    stats = ConversionStats(spans=spans.num_rows)
+    stats.episodes = len(pc.unique(pc.coalesce(
+        spans["episode_id"], pc.binary_join_element_wise("trace:", spans["trace_id"], ""))))
+    rewards = _rewards(spans.filter(pc.is_valid(spans["reward_value"])), stats, source)
+
+    llm = spans.filter(pc.equal(spans["operation_name"], sc.OP_CHAT))
+    stats.llm_spans = llm.num_rows
+    if "completion_logprobs" not in llm.column_names:
+        llm = llm.append_column("completion_logprobs",
+                                pa.nulls(llm.num_rows, pa.list_(pa.float64())))
+    episodes = _episode_keys(llm)
+    cols = {c: _column(llm, c) for c in _KEY_COLUMNS}
+    has_prompt = pc.is_valid(llm["prompt_token_ids"]).to_pylist()
+    completion_len = pc.fill_null(pc.list_value_length(llm["completion_token_ids"]), -1
+                                  ).to_pylist()
+    logprobs_len = pc.list_value_length(llm["completion_logprobs"]).to_pylist()
+    bad_logprobs: set[int] = set()
+    rows: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for i in range(llm.num_rows):
+        ident = (cols["trace_id"][i], cols["span_id"][i])
+        if ident in seen:
+            stats.notes["duplicate span id (later copy ignored)"] += 1
+            continue
+        seen.add(ident)
+        if not has_prompt[i] or completion_len[i] < 0:
+            stats.skipped["no token ids on the LLM span"] += 1
+            continue
+        if completion_len[i] == 0:
+            stats.skipped["empty completion"] += 1
+            continue
+        if logprobs_len[i] is not None and logprobs_len[i] != completion_len[i]:
+            stats.notes["logprobs length differs from completion (logprobs dropped)"] += 1
+            bad_logprobs.add(i)
+        start, end = cols["start_time_unix_nano"][i], cols["end_time_unix_nano"][i]
+        if start is not None and end is not None and end < start:
+            stats.notes["span ends before it starts (clock skew; kept)"] += 1
+        rows.append({"row": i, "episode": episodes[i], "task": cols["task_id"][i],
+                     "agent": cols["agent_name"][i], "turn": cols["turn_index"][i],
+                     "candidate": cols["candidate_index"][i], "start": start,
+                     "trace_id": ident[0], "span_id": ident[1],
+                     "model": cols["request_model"][i], "policy": cols["policy_version"][i]})
+    _infer_turns(rows, stats)
+
+    # reward first: an episode without one is dropped (or filled) before any list is touched
+    kept = []
+    for r in rows:
+        ep = rewards.get(r["episode"])
+        if ep is None or ep.empty:
+            if cfg.missing_reward == "drop":
                 stats.skipped["episode has no reward"] += 1
                 continue
-            else:
-                reward = float(missing_reward)
-            logprobs = row.get("completion_logprobs")
-            if logprobs is not None and len(logprobs) != len(completion):
-                stats.notes["logprobs length differs from completion (logprobs dropped)"] += 1
-                logprobs = None
-            task = row.get("task_id")
-            if task is None:
-                stats.notes["LLM call without task id (grouped alone, no GRPO signal)"] += 1
-            out.append({
-                "episode_id": episode,
-                "task_id": task,
-                "agent_name": row.get("agent_name"),
-                "turn_index": row.get("turn_index"),
-                "candidate_index": row.get("candidate_index"),
-                "trace_id": row["trace_id"],
-                "span_id": row["span_id"],
-                "request_model": row.get("request_model"),
-                "policy_version": row.get("policy_version"),
-                "prompt_ids": prompt,
-                "completion_ids": completion,
-                "completion_mask": [1] * len(completion),
-                "behaviour_logprobs": logprobs,
-                "reward": reward,
-                "group_id": f"task:{task}" if task is not None else f"episode:{episode}",
-                "start_time_unix_nano": row["start_time_unix_nano"],
-            })
-    stats.transitions = len(out)
-    return pa.Table.from_pylist(out, schema=TRANSITION_SCHEMA), stats
+            ep = rewards[r["episode"]]
+            ep.team, ep.has_team = float(cfg.missing_reward), True
+        kept.append(r)
+
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in kept:
+        groups[(r["episode"], r["agent"], r["turn"], r["candidate"])].append(r)
+    singles = [g[0] for g in groups.values() if len(g) == 1 or not cfg.merge_turn_calls]
+    if not cfg.merge_turn_calls:
+        singles = [r for g in groups.values() for r in g]
+    multi = [sorted(g, key=lambda r: (r["start"] or 0, r["span_id"]))
+             for g in groups.values() if len(g) > 1 and cfg.merge_turn_calls]
+    merged: list[dict[str, Any]] = []
+    if multi:
+        idx = [r["row"] for g in multi for r in g]
+        part = llm.take(pa.array(idx, pa.int64()))
+        lists = {i: (p, c, None if i in bad_logprobs else lp) for i, p, c, lp in zip(
+            idx, part["prompt_token_ids"].to_pylist(), part["completion_token_ids"].to_pylist(),
+            part["completion_logprobs"].to_pylist())}
+        for g in multi:
+            merged += _merge(g, lists, stats)
+
+    everything = singles + merged
+    last_turn: dict[tuple, int] = {}
+    for r in everything:
+        if r["turn"] is not None:
+            k = (r["episode"], r["agent"])
+            last_turn[k] = max(last_turn.get(k, r["turn"]), r["turn"])
+    keys = [Key(r["episode"], r["task"], r["agent"], r["turn"], r["candidate"]) for r in everything]
+    reward_values = [transition_reward(k, rewards[k.episode], algorithm=cfg.algorithm,
+                                       alpha=cfg.alpha, gamma=cfg.gamma,
+                                       last_turn=last_turn.get((k.episode, k.agent)))
+                     for k in keys]
+    group_ids = [group_key(k, cfg.algorithm) for k in keys]
+    advs, zero_var = advantages(reward_values, group_ids, [k.episode for k in keys],
+                                unit=cfg.advantage_unit, scale=cfg.scale_advantages)
+    if any(k.task is None for k in keys):
+        stats.notes["transition without task id (its own group: no GRPO signal)"] += sum(
+            k.task is None for k in keys)
+    stats.transitions, stats.rewards = len(everything), reward_values
+    stats.groups, stats.zero_variance_groups = len(set(group_ids)), zero_var
+    stats.per_agent_turn.update((r["agent"], r["turn"]) for r in everything)
+    table = _build_table(llm, singles, merged, keys, reward_values, group_ids, advs,
+                         bad_logprobs)
+    return table, stats
 
 
-def read_spans(source: str | os.PathLike[str] | list[str | os.PathLike[str]]) -> pa.Table:
-    """Read span Parquet (file, directory tree or list), refusing files that lack a column."""
-    tables = []
-    for path in iter_parquet_files(source):
-        table = read_checked(path, REQUIRED_SPAN_COLUMNS)
-        keep = [c for c in SPAN_SCHEMA.names if c in table.column_names]
-        tables.append(table.select(keep))
-    if not tables:
+def _build_table(llm: pa.Table, singles: list[dict], merged: list[dict], keys: list[Key],
+                 reward_values: list[float], group_ids: list[str], advs: list[float],
+                 bad_logprobs: set[int]) -> pa.Table:
+    """Single calls keep their id lists as Arrow arrays (no Python per token); merged ones are
+    built from the Python lists their merge produced."""
+    everything = singles + merged
+    n_single = len(singles)
+    meta = {
+        "episode_id": [k.episode for k in keys], "task_id": [k.task for k in keys],
+        "agent_name": [k.agent for k in keys], "turn_index": [k.turn for k in keys],
+        "candidate_index": [k.candidate for k in keys],
+        "trace_id": [r["trace_id"] for r in everything],
+        "span_id": [r["span_id"] for r in everything],
+        "merged_calls": [r.get("merged", 1) for r in everything],
+        "request_model": [r["model"] for r in everything],
+        "policy_version": [r["policy"] for r in everything],
+        "reward": reward_values, "group_id": group_ids, "advantage": advs,
+        "retokenized": [False] * len(everything),
+        "start_time_unix_nano": [r["start"] for r in everything],
+    }
+    taken = llm.take(pa.array([r["row"] for r in singles], pa.int64()))
+    completion = taken["completion_token_ids"].combine_chunks()
+    ones = pc.cast(pc.add(pc.multiply(completion.flatten(), 0), 1), pa.int8())
+    mask = pa.ListArray.from_arrays(completion.offsets, ones)
+    logprobs = pc.cast(taken["completion_logprobs"].combine_chunks(), pa.list_(pa.float32()))
+    if bad_logprobs:
+        drop = pa.array([r["row"] in bad_logprobs for r in singles], pa.bool_())
+        logprobs = pc.if_else(drop, pa.nulls(len(singles), logprobs.type), logprobs)
+
+    def column(name: str, single_part: pa.Array, merged_values: list) -> pa.ChunkedArray:
+        typ = TRANSITION_SCHEMA.field(name).type
+        return pa.chunked_array([pc.cast(single_part, typ), pa.array(merged_values, typ)], typ)
+
+    lists = {
+        "prompt_ids": column("prompt_ids", taken["prompt_token_ids"].combine_chunks(),
+                             [r["prompt"] for r in merged]),
+        "completion_ids": column("completion_ids", completion, [r["completion"] for r in merged]),
+        "completion_mask": column("completion_mask", mask, [r["mask"] for r in merged]),
+        "behaviour_logprobs": column("behaviour_logprobs", logprobs,
+                                     [r["logprobs"] for r in merged]),
+    }
+    data = {}
+    for f in TRANSITION_SCHEMA:
+        if f.name in lists:
+            data[f.name] = lists[f.name]
+        else:
+            data[f.name] = pa.chunked_array([pa.array(meta[f.name][:n_single], f.type),
+                                             pa.array(meta[f.name][n_single:], f.type)], f.type)
+    table = pa.Table.from_pydict(data, schema=TRANSITION_SCHEMA)
+    if table.num_rows:
+        table = table.sort_by([("episode_id", "ascending"),
+                               ("start_time_unix_nano", "ascending")])
+    return table
+
+
+# -- the IO edge ------------------------------------------------------------------------------
+def read_spans(source: str | os.PathLike[str] | list[str | os.PathLike[str]],
+               stats: ConversionStats | None = None) -> pa.Table:
+    """Span Parquet (file, directory tree or list) as one table. A file that lacks a required
+    column is refused by name; a file that cannot be read at all (truncated, not Parquet) is
+    counted in ``stats`` and skipped when ``stats`` is given, else it raises."""
+    return pa.concat_tables(list(_read_tables(source, stats)) or [_empty()],
+                            promote_options="default")
+
+
+def _empty() -> pa.Table:
+    return SPAN_SCHEMA.empty_table()
+
+
+def _read_tables(source, stats: ConversionStats | None) -> Iterator[pa.Table]:
+    files = list(iter_parquet_files(source))
+    if not files:
         raise FileNotFoundError(f"no span Parquet files under {source}")
-    return pa.concat_tables(tables, promote_options="default")
+    for path in files:
+        try:
+            table = read_checked(path, REQUIRED_SPAN_COLUMNS)
+        except SchemaError:
+            raise
+        except (pa.ArrowInvalid, OSError) as exc:
+            if stats is None:
+                raise
+            stats.notes[f"unreadable file skipped: {path.name} ({type(exc).__name__})"] += 1
+            continue
+        if stats is not None:
+            stats.files += 1
+        keep = [c for c in SPAN_SCHEMA.names if c in table.column_names]
+        yield table.select(keep)
 
 
-def convert(source: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
-            missing_reward: Literal["drop"] | float = "drop") -> ConversionStats:
-    """Span Parquet under ``source`` -> transitions Parquet at ``out_path`` (written atomically)."""
-    table, stats = spans_to_transitions(read_spans(source), missing_reward=missing_reward)
-    write_table_atomic(table, Path(out_path))
-    return stats
+def _episode_tasks(files: list[Path]) -> dict[str, str]:
+    """Episode -> task, from a cheap first pass over three columns. Buckets must hold whole
+    groups (a GRPO group spans the episodes of a task), so they are keyed by task."""
+    tasks: dict[str, str] = {}
+    for path in files:
+        try:
+            t = pq.read_table(path, columns=["episode_id", "trace_id", "task_id"])
+        except (pa.ArrowInvalid, OSError, KeyError):
+            continue  # unreadable or without task ids: read (and counted) in the second pass
+        t = t.filter(pc.is_valid(t["task_id"]))
+        for episode, task in zip(_episode_keys(t), t["task_id"].to_pylist()):
+            tasks.setdefault(episode, task)
+    return tasks
+
+
+def _bucket_of(table: pa.Table, buckets: int, tasks: dict[str, str]) -> list[int]:
+    return [zlib.crc32(tasks.get(k, k).encode()) % buckets for k in _episode_keys(table)]
+
+
+def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[str],
+            config: ConvertConfig | None = None, *,
+            missing_reward: Literal["drop"] | float | None = None,
+            max_rows_in_memory: int = 500_000,
+            progress: Callable[[int, int], None] | None = None) -> ConversionStats:
+    """Spans under ``source`` -> transitions Parquet at ``out_path`` (atomic).
+
+    ``source``: span Parquet (a file, a directory tree of partitions, or a list), or OTLP/JSON
+    files as the OpenTelemetry Collector's file exporter writes them (``*.json``, ``*.jsonl``,
+    gzipped too). Spans already in memory: ``spans_to_transitions(spans_to_table(spans))``.
+
+    Past ``max_rows_in_memory`` span rows, rows are first spilled to hash buckets by task (a
+    GRPO group spans the episodes of one task), so every group is converted whole while memory
+    stays near one bucket. ``progress(done,
+    total)`` is called per bucket.
+    """
+    cfg = config or ConvertConfig()
+    if missing_reward is not None:
+        cfg = ConvertConfig(**{**cfg.__dict__, "missing_reward": missing_reward})
+    otlp_files = _otlp_json_files(source)
+    if otlp_files:  # Collector file-exporter output: import to span Parquet, then convert that
+        with tempfile.TemporaryDirectory(prefix="agl-bridge-otlp-") as tmp:
+            from agl_bridge.otel.parquet_writer import SpanParquetWriter
+            from agl_bridge.otel.receiver import import_otlp_json
+
+            writer = SpanParquetWriter(tmp, background_rotation=False, recover=False)
+            summary = import_otlp_json(otlp_files, writer)
+            writer.close()
+            stats = convert(tmp, out_path, cfg, max_rows_in_memory=max_rows_in_memory,
+                            progress=progress)
+            if summary.lines_bad:
+                stats.notes["OTLP/JSON line that could not be read (quarantined)"] += \
+                    summary.lines_bad
+            return stats
+    stats = ConversionStats()
+    files = list(iter_parquet_files(source))
+    if not files:
+        raise FileNotFoundError(f"no span Parquet files under {source}")
+    total_rows = 0
+    for path in files:
+        try:
+            total_rows += pq.ParquetFile(path).metadata.num_rows
+        except (pa.ArrowInvalid, OSError):
+            pass  # counted when read
+    if total_rows <= max_rows_in_memory:
+        read_stats = ConversionStats()
+        spans = read_spans(files, read_stats)
+        table, stats = spans_to_transitions(spans, cfg, source=f" (under {source})")
+        stats.notes.update(read_stats.notes)
+        stats.files = read_stats.files
+        if progress:
+            progress(1, 1)
+        write_table_atomic(table, Path(out_path))
+        return stats
+
+    buckets = max(2, math.ceil(total_rows / max(1, max_rows_in_memory // 2)))
+    spill = Path(tempfile.mkdtemp(prefix="agl-bridge-convert-"))
+    try:
+        writers: dict[int, pq.ParquetWriter] = {}
+        read_stats = ConversionStats()
+        tasks = _episode_tasks(files)
+        for table in _read_tables(files, read_stats):
+            table = table.cast(pa.schema([SPAN_SCHEMA.field(c) for c in table.column_names]))
+            table = _conform(table)
+            ids = pa.array(_bucket_of(table, buckets, tasks), pa.int32())
+            for b in range(buckets):
+                part = table.filter(pc.equal(ids, b))
+                if part.num_rows:
+                    if b not in writers:
+                        writers[b] = pq.ParquetWriter(spill / f"{b}.parquet", SPAN_SCHEMA)
+                    writers[b].write_table(part)
+        for w in writers.values():
+            w.close()
+        stats.notes.update(read_stats.notes)
+        stats.files = read_stats.files
+        out_writer = None
+        tmp_out = Path(out_path).with_name(f".tmp-{os.getpid()}-{Path(out_path).name}")
+        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            done_buckets = sorted(writers)
+            for n, b in enumerate(done_buckets, 1):
+                part_table, part_stats = spans_to_transitions(
+                    pq.read_table(spill / f"{b}.parquet"), cfg, source=f" (under {source})")
+                stats.merge(part_stats)
+                if out_writer is None:
+                    out_writer = pq.ParquetWriter(tmp_out, TRANSITION_SCHEMA, compression="zstd")
+                out_writer.write_table(part_table)
+                if progress:
+                    progress(n, len(done_buckets))
+            if out_writer is None:
+                write_table_atomic(TRANSITION_SCHEMA.empty_table(), Path(out_path))
+            else:
+                out_writer.close()
+                os.replace(tmp_out, out_path)
+        finally:
+            if tmp_out.exists():
+                tmp_out.unlink()
+        return stats
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+_OTLP_JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+
+
+def _otlp_json_files(source: Any) -> list[Path]:
+    """The OTLP/JSON files among the sources (files named *.json[l][.gz])."""
+    sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    return [Path(s) for s in sources
+            if Path(s).is_file() and str(s).endswith(_OTLP_JSON_SUFFIXES)]
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """Add the span columns a file lacks (older writers) as nulls, in schema order."""
+    for f in SPAN_SCHEMA:
+        if f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+    return table.select(SPAN_SCHEMA.names)
+
