@@ -27,7 +27,7 @@ def _convert(args: argparse.Namespace) -> int:
     config = ConvertConfig(algorithm=args.algorithm, alpha=args.alpha, gamma=args.gamma,
                            advantage_unit=args.advantage_unit,
                            scale_advantages=not args.no_scale_advantages,
-                           missing_reward=missing)
+                           missing_reward=missing, retokenize=args.retokenize)
 
     def progress(done: int, total: int) -> None:
         if sys.stderr.isatty() or total > 1:
@@ -165,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what counts once in a group's mean and std")
     c.add_argument("--no-scale-advantages", action="store_true",
                    help="mean-centre only (Dr. GRPO), do not divide by the std")
+    c.add_argument("--retokenize", metavar="TOKENIZER_DIR",
+                   help="rebuild ids from captured messages for spans without them (flagged), "
+                        "and count disagreements with recorded ids")
     c.add_argument("--max-rows-in-memory", type=int, default=500_000,
                    help="past this many span rows, convert bucket by bucket (flat memory)")
     c.set_defaults(func=_convert)

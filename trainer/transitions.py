@@ -42,6 +42,8 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import json
+
 import pyarrow.parquet as pq
 
 from agl_bridge import semconv as sc
@@ -78,6 +80,9 @@ class ConvertConfig:
     scale_advantages: bool = True  # divide by the group's std (GRPO); off: Dr. GRPO
     missing_reward: Literal["drop"] | float = "drop"  # an episode with no reward
     merge_turn_calls: bool = True
+    # a tokenizer directory: rebuild ids from captured messages for spans without them
+    # (flagged ``retokenized``), and count how often the rebuild disagrees with recorded ids
+    retokenize: str | None = None
 
 
 @dataclass
@@ -184,6 +189,34 @@ def _infer_turns(rows: list[dict[str, Any]], stats: ConversionStats) -> None:
                 stats.notes["turn inferred (no turn attribute)"] += 1
 
 
+def _retokenizer(tokenizer_dir: str | None):
+    if tokenizer_dir is None:
+        return None
+    from agl_bridge.trainer.retokenize import Retokenizer
+
+    return Retokenizer(tokenizer_dir)
+
+
+def _rebuild(retokenizer, raw_attributes: str | None, stats: ConversionStats, *, has_ids: bool,
+             row: int, llm: pa.Table) -> tuple[list[int], list[int]] | None:
+    """Ids rebuilt from the span's messages; where the span has recorded ids, count agreement."""
+    try:
+        rebuilt = retokenizer.ids(json.loads(raw_attributes) if raw_attributes else {})
+    except (ValueError, TypeError, KeyError) as exc:
+        stats.notes[f"messages could not be retokenized ({type(exc).__name__})"] += 1
+        return None
+    if rebuilt is None:
+        return None
+    if has_ids:
+        recorded = llm.slice(row, 1).select(["prompt_token_ids", "completion_token_ids"]
+                                            ).to_pylist()[0]
+        for part, mine, theirs in (("prompt", rebuilt[0], recorded["prompt_token_ids"]),
+                                   ("completion", rebuilt[1], recorded["completion_token_ids"])):
+            agrees = "agrees with" if mine == theirs else "differs from"
+            stats.notes[f"retokenized {part} {agrees} the recorded ids"] += 1
+    return rebuilt
+
+
 def _merge(group: list[dict[str, Any]], lists: dict[int, tuple], stats: ConversionStats
            ) -> list[dict[str, Any]]:
     """One agent-turn's calls (time order) -> merged transitions (see the module docstring)."""
@@ -201,6 +234,7 @@ def _merge(group: list[dict[str, Any]], lists: dict[int, tuple], stats: Conversi
             else:
                 cur["logprobs"] = None
             cur["merged"] += 1
+            cur["retokenized"] = cur.get("retokenized", False) or "lists" in r
             context = prompt + completion
             continue
         if cur is not None:
@@ -208,7 +242,8 @@ def _merge(group: list[dict[str, Any]], lists: dict[int, tuple], stats: Conversi
             out.append(cur)
         cur = {**r, "prompt": list(prompt), "completion": list(completion),
                "mask": [1] * len(completion),
-               "logprobs": list(logprobs) if logprobs is not None else None, "merged": 1}
+               "logprobs": list(logprobs) if logprobs is not None else None, "merged": 1,
+               "retokenized": "lists" in r}
         context = list(prompt) + list(completion)
     if cur is not None:
         out.append(cur)
@@ -242,6 +277,8 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
                                   ).to_pylist()
     logprobs_len = pc.list_value_length(llm["completion_logprobs"]).to_pylist()
     bad_logprobs: set[int] = set()
+    retokenizer = _retokenizer(cfg.retokenize)
+    attributes = _column(llm, "attributes") if retokenizer is not None else []
     rows: list[dict[str, Any]] = []
     seen: set[tuple[str, str]] = set()
     for i in range(llm.num_rows):
@@ -250,10 +287,14 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
             stats.notes["duplicate span id (later copy ignored)"] += 1
             continue
         seen.add(ident)
-        if not has_prompt[i] or completion_len[i] < 0:
+        rebuilt = None
+        if retokenizer is not None:
+            rebuilt = _rebuild(retokenizer, attributes[i], stats,
+                               has_ids=has_prompt[i] and completion_len[i] >= 0, row=i, llm=llm)
+        if rebuilt is None and (not has_prompt[i] or completion_len[i] < 0):
             stats.skipped["no token ids on the LLM span"] += 1
             continue
-        if completion_len[i] == 0:
+        if rebuilt is None and completion_len[i] == 0:
             stats.skipped["empty completion"] += 1
             continue
         if logprobs_len[i] is not None and logprobs_len[i] != completion_len[i]:
@@ -262,11 +303,15 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
         start, end = cols["start_time_unix_nano"][i], cols["end_time_unix_nano"][i]
         if start is not None and end is not None and end < start:
             stats.notes["span ends before it starts (clock skew; kept)"] += 1
-        rows.append({"row": i, "episode": episodes[i], "task": cols["task_id"][i],
+        row = {"row": i, "episode": episodes[i], "task": cols["task_id"][i],
                      "agent": cols["agent_name"][i], "turn": cols["turn_index"][i],
                      "candidate": cols["candidate_index"][i], "start": start,
                      "trace_id": ident[0], "span_id": ident[1],
-                     "model": cols["request_model"][i], "policy": cols["policy_version"][i]})
+                     "model": cols["request_model"][i], "policy": cols["policy_version"][i]}
+        if rebuilt is not None and not (has_prompt[i] and completion_len[i] >= 0):
+            row["lists"] = (rebuilt[0], rebuilt[1], None)  # ids only from the rebuild
+            stats.notes["ids rebuilt from messages (retokenized)"] += 1
+        rows.append(row)
     _infer_turns(rows, stats)
 
     # reward first: an episode without one is dropped (or filled) before any list is touched
@@ -287,6 +332,10 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
     singles = [g[0] for g in groups.values() if len(g) == 1 or not cfg.merge_turn_calls]
     if not cfg.merge_turn_calls:
         singles = [r for g in groups.values() for r in g]
+    rebuilt_singles = [{**r, "prompt": r["lists"][0], "completion": r["lists"][1],
+                        "mask": [1] * len(r["lists"][1]), "logprobs": None, "merged": 1}
+                       for r in singles if "lists" in r]
+    singles = [r for r in singles if "lists" not in r]
     multi = [sorted(g, key=lambda r: (r["start"] or 0, r["span_id"]))
              for g in groups.values() if len(g) > 1 and cfg.merge_turn_calls]
     merged: list[dict[str, Any]] = []
@@ -297,7 +346,9 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
             idx, part["prompt_token_ids"].to_pylist(), part["completion_token_ids"].to_pylist(),
             part["completion_logprobs"].to_pylist())}
         for g in multi:
+            lists.update({r["row"]: r["lists"] for r in g if "lists" in r})
             merged += _merge(g, lists, stats)
+    merged = rebuilt_singles + merged
 
     everything = singles + merged
     last_turn: dict[tuple, int] = {}
@@ -341,7 +392,7 @@ def _build_table(llm: pa.Table, singles: list[dict], merged: list[dict], keys: l
         "request_model": [r["model"] for r in everything],
         "policy_version": [r["policy"] for r in everything],
         "reward": reward_values, "group_id": group_ids, "advantage": advs,
-        "retokenized": [False] * len(everything),
+        "retokenized": [bool(r.get("retokenized", "lists" in r)) for r in everything],
         "start_time_unix_nano": [r["start"] for r in everything],
     }
     taken = llm.take(pa.array([r["row"] for r in singles], pa.int64()))
