@@ -261,6 +261,9 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
     if missing_reward is not None:
         cfg = ConvertConfig(**{**cfg.__dict__, "missing_reward": missing_reward})
     stats = ConversionStats(spans=spans.num_rows)
+    needed = [c for c in (*REQUIRED_SPAN_COLUMNS, *_OPTIONAL_COLUMNS, "attributes")
+              if c in spans.column_names and (c != "attributes" or cfg.retokenize)]
+    spans = spans.select(needed)  # zero-copy: later filters copy only what is used
     stats.episodes = len(pc.unique(pc.coalesce(
         spans["episode_id"], pc.binary_join_element_wise("trace:", spans["trace_id"], ""))))
     rewards = _rewards(spans.filter(pc.is_valid(spans["reward_value"])), stats, source)
@@ -395,7 +398,12 @@ def _build_table(llm: pa.Table, singles: list[dict], merged: list[dict], keys: l
         "retokenized": [bool(r.get("retokenized", "lists" in r)) for r in everything],
         "start_time_unix_nano": [r["start"] for r in everything],
     }
-    taken = llm.take(pa.array([r["row"] for r in singles], pa.int64()))
+    rows_idx = [r["row"] for r in singles]
+    lists_only = llm.select(["prompt_token_ids", "completion_token_ids", "completion_logprobs"])
+    if rows_idx == list(range(llm.num_rows)):
+        taken = lists_only  # the common case: every call is its own transition, in order
+    else:
+        taken = lists_only.take(pa.array(rows_idx, pa.int64()))
     completion = taken["completion_token_ids"].combine_chunks()
     ones = pc.cast(pc.add(pc.multiply(completion.flatten(), 0), 1), pa.int8())
     mask = pa.ListArray.from_arrays(completion.offsets, ones)
@@ -423,11 +431,8 @@ def _build_table(llm: pa.Table, singles: list[dict], merged: list[dict], keys: l
         else:
             data[f.name] = pa.chunked_array([pa.array(meta[f.name][:n_single], f.type),
                                              pa.array(meta[f.name][n_single:], f.type)], f.type)
-    table = pa.Table.from_pydict(data, schema=TRANSITION_SCHEMA)
-    if table.num_rows:
-        table = table.sort_by([("episode_id", "ascending"),
-                               ("start_time_unix_nano", "ascending")])
-    return table
+    # Row order carries no meaning (the trainer shuffles); sorting would copy every id list.
+    return pa.Table.from_pydict(data, schema=TRANSITION_SCHEMA)
 
 
 # -- the IO edge ------------------------------------------------------------------------------
