@@ -3,25 +3,13 @@ import math
 import pytest
 import torch
 
-from agl_bridge.trainer.losses import group_advantages, grpo_clip_loss, token_logprobs
-
-
-def test_group_advantages_by_hand():
-    adv = group_advantages([1.0, 0.0, 0.5, 0.5, 3.0], ["a", "a", "b", "b", "c"], eps=0.0)
-    # group a: mean 0.5, sample std sqrt(0.5); group b: no variance; group c: alone
-    assert adv[0] == pytest.approx(0.5 / math.sqrt(0.5))
-    assert adv[1] == pytest.approx(-0.5 / math.sqrt(0.5))
-    assert adv[2:] == [0.0, 0.0, 0.0]
-
-
-def test_different_groups_never_mix():
-    adv = group_advantages([1.0, 0.0, 100.0, 0.0], ["t1", "t1", "t2", "t2"], eps=0.0)
-    assert adv[0] == pytest.approx(-adv[1]) and adv[0] == pytest.approx(adv[2])
-
-
-def test_group_advantages_length_mismatch():
-    with pytest.raises(ValueError, match="2 rewards but 1 group"):
-        group_advantages([1.0, 2.0], ["a"])
+from agl_bridge.trainer.losses import (
+    aggregate,
+    grpo_clip_loss,
+    importance_weights,
+    kl_k3,
+    token_logprobs,
+)
 
 
 def test_token_logprobs_match_log_softmax():
@@ -40,9 +28,50 @@ def test_clip_loss_by_hand():
     loss, stats = grpo_clip_loss(logp, old, adv, mask, epsilon_low=0.2, epsilon_high=0.3)
     # seq 0, A=+1: ratio 1.5 -> min(1.5, 1.3) = 1.3; ratio 0.5 -> min(0.5, 0.8) = 0.5
     # seq 1, A=-2: ratio 1.1 -> min(-2.2, -2.2) = -2.2; last token masked out
-    expected = -(1.3 + 0.5 - 2.2) / 3
-    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert loss.item() == pytest.approx(-(1.3 + 0.5 - 2.2) / 3, rel=1e-6)  # token mean
     assert stats["clip_fraction"] == pytest.approx(2 / 3)
+
+
+def test_aggregations_by_hand():
+    per_token = torch.tensor([[1.0, 3.0, 0.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert aggregate(per_token, mask, "grpo").item() == pytest.approx((2.0 + 4.0) / 2)
+    assert aggregate(per_token, mask, "bnpo").item() == pytest.approx(8.0 / 3)
+    assert aggregate(per_token, mask, "dapo").item() == pytest.approx(8.0 / 3)
+    assert aggregate(per_token, mask, "dr_grpo", max_completion_length=4).item() == \
+        pytest.approx(8.0 / (2 * 4))
+    with pytest.raises(ValueError, match="loss_type"):
+        aggregate(per_token, mask, "mean")
+
+
+def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
+    logp = torch.tensor([-1.0, -2.0])
+    assert torch.equal(kl_k3(logp, logp), torch.zeros(2))
+    ref = torch.tensor([-1.5, -1.0])
+    d = ref - logp
+    assert torch.allclose(kl_k3(logp, ref), torch.exp(d) - d - 1)
+    assert (kl_k3(logp, ref) > 0).all()
+
+
+def test_kl_penalty_adds_beta_times_k3():
+    logp = torch.tensor([[-1.0]], requires_grad=True)
+    ref = torch.tensor([[-2.0]])
+    base, _ = grpo_clip_loss(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 1))
+    with_kl, stats = grpo_clip_loss(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 1),
+                                    beta=0.1, ref_logprobs=ref)
+    k3 = math.exp(-1.0) + 1.0 - 1.0
+    assert with_kl.item() - base.item() == pytest.approx(0.1 * k3)
+    assert stats["kl"] == pytest.approx(k3)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        grpo_clip_loss(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 1), beta=0.1)
+
+
+def test_importance_weights_are_truncated_ratios_without_gradient():
+    old = torch.tensor([-1.0, -1.0, -1.0], requires_grad=True)
+    behaviour = torch.tensor([-1.0, -2.0, -0.5])
+    w = importance_weights(old, behaviour, cap=2.0)
+    assert torch.allclose(w, torch.tensor([1.0, 2.0, math.exp(-0.5)]))  # e^1 capped at 2
+    assert not w.requires_grad
 
 
 def test_on_policy_gradient_is_advantage_weighted_score():
@@ -50,4 +79,4 @@ def test_on_policy_gradient_is_advantage_weighted_score():
     loss, stats = grpo_clip_loss(logp, logp.detach(), torch.tensor([0.5]), torch.ones(1, 2))
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.25, -0.25]]))
-    assert stats == {"clip_fraction": 0.0, "ratio_mean": 1.0}
+    assert stats == {"clip_fraction": 0.0, "ratio_mean": 1.0, "kl": 0.0}

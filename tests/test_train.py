@@ -17,13 +17,15 @@ def tiny(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
-def transitions(rewards, groups=None):
+def transitions(rewards, groups=None, agents=None):
     rows = []
     for i, r in enumerate(rewards):
-        rows.append({"episode_id": f"e{i}", "task_id": "t", "agent_name": "a",
+        rows.append({"episode_id": f"e{i}", "task_id": "t",
+                     "agent_name": (agents or ["a"] * len(rewards))[i],
                      "prompt_ids": [257, 40 + i, 41, 258], "completion_ids": [60 + i, 61, 62],
                      "completion_mask": [1, 1, 1], "behaviour_logprobs": None, "reward": r,
                      "group_id": (groups or ["task:t"] * len(rewards))[i],
+                     "advantage": None,
                      "merged_calls": 1, "retokenized": False})
     return pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA)
 
@@ -52,12 +54,53 @@ def test_only_lora_weights_change_and_versions_accumulate(tiny, tmp_path):
         first.adapter_dir)
 
 
-def test_zero_advantage_leaves_the_adapter_at_init(tiny, tmp_path):
+def test_zero_variance_groups_are_filtered_and_leave_the_adapter_at_init(tiny, tmp_path):
     result = train_grpo(transitions([0.5, 0.5]), tiny, tmp_path, config=GRPOConfig(
         learning_rate=1e-1), progress=False)
     weights = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
     assert all(v.abs().sum() == 0 for k, v in weights.items() if "lora_B" in k)
-    assert result.metrics[0]["loss"] == 0.0
+    assert result.steps == 0 and result.metrics == []
+    kept = train_grpo(transitions([0.5, 0.5]), tiny, tmp_path, progress=False, config=GRPOConfig(
+        learning_rate=1e-1, filter_zero_variance_groups=False))
+    assert kept.metrics[0]["loss"] == 0.0 and kept.metrics[0]["skipped_zero_variance"] == 0
+
+
+def test_per_agent_lora_adapters_learn_only_from_their_own_agent(tiny, tmp_path):
+    from agl_bridge.trainer.train import train_policy
+
+    # agent a's transitions carry signal; agent b's group has equal rewards (no signal)
+    data = transitions([1.0, 0.0, 0.3, 0.3], groups=["g_a", "g_a", "g_b", "g_b"],
+                       agents=["a", "a", "b", "b"])
+    cfg = GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=2,
+                     filter_zero_variance_groups=False)
+    result = train_policy(data, tiny, tmp_path, policy="per_agent_lora", config=cfg,
+                          metrics_path=tmp_path / "metrics.jsonl", progress=False)
+    assert set(result.adapters) == {"a", "b"}
+    assert result.adapters["a"] == tmp_path / "a" / "v0001"
+    lora_b = {name: [v for k, v in load_file(str(d / "adapter_model.safetensors")).items()
+                     if "lora_B" in k] for name, d in result.adapters.items()}
+    assert any(v.abs().sum() > 0 for v in lora_b["a"])
+    assert all(v.abs().sum() == 0 for v in lora_b["b"])  # its batches had zero advantage
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert {json.loads(line)["adapter"] for line in lines} == {"a", "b"}
+    per_model = train_policy(data, tiny, tmp_path / "pm", policy="per_agent_model", config=cfg,
+                             progress=False)
+    assert set(per_model.adapters) == {"a", "b"}
+
+
+def test_kl_is_zero_before_the_first_update_and_importance_weights_apply(tiny, tmp_path):
+    data = transitions([1.0, 0.0])
+    table = data.set_column(data.schema.get_field_index("behaviour_logprobs"),
+                            "behaviour_logprobs", pa.array([[-9.0, -9.0, -9.0]] * 2,
+                                                           pa.list_(pa.float32())))
+    result = train_grpo(table, tiny, tmp_path, progress=False, config=GRPOConfig(
+        learning_rate=1e-1, beta=0.5, per_device_train_batch_size=1, num_train_epochs=2))
+    first = result.metrics[0]
+    assert first["kl"] == 0.0  # the adapter starts as the identity: policy == reference
+    assert any(m["kl"] > 0 for m in result.metrics[1:])
+    # the random model gives ~log(1/320) = -5.8; the sampler said -9: ratios e^3 capped at 2
+    assert first["importance_weight_mean"] == pytest.approx(2.0)
+    assert first["behaviour_logprob_abs_diff"] > 0
 
 
 def test_refuses_empty_and_non_finite_input(tiny, tmp_path):

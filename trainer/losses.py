@@ -1,40 +1,17 @@
-"""GRPO pieces as pure functions: group advantages, token log-probabilities, the clipped loss.
+"""Policy-gradient pieces as pure tensor functions, each checkable against a hand computation.
 
-Kept free of models and IO so each can be checked against a hand computation.
+Names follow TRL's ``GRPOTrainer`` where the concept is the same: ``epsilon`` / ``epsilon_high``
+(clip range), ``loss_type`` (how token losses are averaged), ``beta`` (KL weight),
+``vllm_importance_sampling_cap`` (truncated importance sampling against the sampler).
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
-
-def group_advantages(rewards: Sequence[float], groups: Sequence[str], eps: float = 1e-4
-                     ) -> list[float]:
-    """(r - mean) / (std + eps) within each group; std is the sample std, as in TRL's GRPO.
-
-    A group of one, or one whose rewards are all equal, carries no signal: advantage 0.
-    """
-    if len(rewards) != len(groups):
-        raise ValueError(f"{len(rewards)} rewards but {len(groups)} group ids")
-    members: dict[str, list[int]] = defaultdict(list)
-    for i, g in enumerate(groups):
-        members[g].append(i)
-    out = [0.0] * len(rewards)
-    for idx in members.values():
-        if len(idx) < 2:
-            continue
-        values = [rewards[i] for i in idx]
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-        if std == 0.0:
-            continue
-        for i in idx:
-            out[i] = (rewards[i] - mean) / (std + eps)
-    return out
+LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -46,6 +23,48 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(logits.float(), dim=-1)
 
 
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: LossType,
+              max_completion_length: int | None = None) -> torch.Tensor:
+    """Average token losses [B, T] over the tokens in ``mask``.
+
+    ``grpo``: mean over each sequence's tokens, then over sequences (long answers count no more
+    than short ones, but each token of a short one counts more). ``bnpo``/``dapo``: mean over all
+    tokens of the batch. ``dr_grpo``: sum over tokens divided by the constant
+    ``B * max_completion_length`` (Dr. GRPO: no length bias at all).
+    """
+    mask = mask.to(per_token.dtype)
+    if loss_type == "grpo":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.mean()
+    if loss_type in ("bnpo", "dapo"):
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        length = max_completion_length or per_token.size(-1)
+        return (per_token * mask).sum() / (per_token.size(0) * length)
+    raise ValueError(f"loss_type must be grpo, bnpo, dapo or dr_grpo, got {loss_type!r}")
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate k3 = exp(r - p) - (r - p) - 1 >= 0 (Schulman).
+
+    Zero exactly where the policy equals the reference (before the first update).
+    """
+    delta = ref_logprobs - logprobs
+    return torch.exp(delta) - delta - 1.0
+
+
+def importance_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
+                       cap: float) -> torch.Tensor:
+    """Truncated importance weights min(pi_old / pi_sampler, cap), per token, no gradient.
+
+    The sampler (vLLM, maybe in another precision or with another kernel) and the trainer see
+    slightly different probabilities; weighting by their ratio keeps the update on-policy for
+    the trainer's model, and the cap bounds the variance.
+    """
+    with torch.no_grad():
+        return torch.exp(old_logprobs - behaviour_logprobs).clamp(max=cap)
+
+
 def grpo_clip_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -54,11 +73,16 @@ def grpo_clip_loss(
     *,
     epsilon_low: float = 0.2,
     epsilon_high: float = 0.2,
+    loss_type: LossType = "bnpo",
+    max_completion_length: int | None = None,
+    beta: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clipped policy-gradient loss, averaged over the completion tokens in ``mask``.
+    """PPO-clipped policy-gradient loss with optional KL penalty and importance weights.
 
-    ``logprobs``/``old_logprobs``/``mask``: [B, T]; ``advantages``: [B] (one per sequence).
-    Returns the loss and float statistics (clip fraction, mean ratio).
+    ``logprobs``/``old_logprobs``/``mask`` (and ``ref_logprobs``, ``weights``): [B, T];
+    ``advantages``: [B], one per sequence. Returns the loss and float statistics.
     """
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)
@@ -66,12 +90,23 @@ def grpo_clip_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
-    n_tokens = mask.sum().clamp(min=1.0)
-    loss = (per_token * mask).sum() / n_tokens
+    if weights is not None:
+        per_token = per_token * weights
+    kl = None
+    if beta != 0.0:
+        if ref_logprobs is None:
+            raise ValueError("beta != 0 needs ref_logprobs")
+        kl = kl_k3(logprobs, ref_logprobs)
+        per_token = per_token + beta * kl
+    loss = aggregate(per_token, mask, loss_type, max_completion_length)
     with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
         was_clipped = ((unclipped - clipped).abs() > 0).to(mask.dtype)
         stats = {
-            "clip_fraction": float((was_clipped * mask).sum() / n_tokens),
-            "ratio_mean": float((ratio * mask).sum() / n_tokens),
+            "clip_fraction": float((was_clipped * mask).sum() / n),
+            "ratio_mean": float((ratio * mask).sum() / n),
+            "kl": float((kl * mask).sum() / n) if kl is not None else 0.0,
         }
+        if weights is not None:
+            stats["importance_weight_mean"] = float((weights * mask).sum() / n)
     return loss, stats

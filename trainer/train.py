@@ -1,7 +1,13 @@
-"""Trainer v0: one GRPO round on a LoRA adapter from transitions Parquet.
+"""The LoRA policy trainer: GRPO-family updates from transitions, shared or per-agent policies.
 
-Each call writes a new adapter version in standard PEFT format to its own directory
-(``<adapters_root>/<name>/v0001``, ``v0002``, ...), so serving never reloads a directory in place.
+Each run writes every trained adapter as a new version in standard PEFT format in its own
+directory (``<adapters_root>/<name>/v0001``, ``v0002``, ...) with metadata, so serving never
+reloads a directory in place, and a metrics line per step to ``metrics.jsonl``.
+
+Policies (as in AT-GRPO): ``shared`` (one adapter for all roles), ``per_agent_lora`` (one peft
+model holding one adapter per agent; each batch is routed to its agent's adapter, so an
+adapter only ever learns from its own agent's data), ``per_agent_model`` (a separate model and
+adapter per agent, trained one after the other).
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ import logging
 import math
 import os
 import random
+import re
+import resource
 import shutil
 import time
 import uuid
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import torch
@@ -25,26 +34,44 @@ import torch
 from agl_bridge._version import __version__
 from agl_bridge.parquet_io import read_checked
 from agl_bridge.schema import REQUIRED_TRANSITION_COLUMNS
-from agl_bridge.trainer.losses import group_advantages, grpo_clip_loss, token_logprobs
+from agl_bridge.trainer.credit import advantages as group_advantages
+from agl_bridge.trainer.losses import (
+    LossType,
+    grpo_clip_loss,
+    importance_weights,
+    token_logprobs,
+)
 
 logger = logging.getLogger(__name__)
 
 METADATA_FILE = "agl_bridge_adapter.json"
+Policy = Literal["shared", "per_agent_lora", "per_agent_model"]
 
 
 @dataclass
 class GRPOConfig:
-    """Names follow TRL's GRPOConfig where the concept is the same."""
+    """Names follow TRL's GRPOConfig (and HF TrainingArguments) where the concept is the same."""
 
     learning_rate: float = 1e-4
-    num_train_epochs: int = 1  # passes over the transitions
+    num_train_epochs: int = 1  # passes over the transitions (later passes are off-policy: clip)
     per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
     epsilon: float = 0.2  # clip range low
     epsilon_high: float | None = None  # clip range high (defaults to epsilon)
+    loss_type: LossType = "bnpo"  # grpo (sequence mean), bnpo/dapo (token mean), dr_grpo
+    max_completion_length: int | None = None  # dr_grpo's constant; default: longest in data
+    beta: float = 0.0  # KL(policy || base) weight, k3 estimator; base = adapter disabled
+    vllm_importance_sampling_correction: bool = True  # weight by pi_old / pi_sampler
+    vllm_importance_sampling_cap: float = 2.0
+    filter_zero_variance_groups: bool = True  # nothing to learn from them: skip the compute
     max_grad_norm: float = 1.0
     seed: int = 0
+    group_by_length: bool = False  # batches of similar length: less padding
+    gradient_checkpointing: bool = False
+    bf16: bool | None = None  # default: on when training on a GPU
     lora_r: int = 8
     lora_alpha: int = 16
+    lora_dropout: float = 0.0
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     scale_rewards_eps: float = 1e-4
@@ -52,10 +79,18 @@ class GRPOConfig:
 
 @dataclass
 class TrainResult:
-    adapter_dir: Path
-    version: int
+    adapters: dict[str, Path]  # adapter name -> new version directory
     steps: int
-    metrics: list[dict[str, float]]
+    metrics: list[dict[str, Any]]
+    metrics_path: Path | None = None
+
+    @property
+    def adapter_dir(self) -> Path:  # the single adapter of a shared policy
+        return next(iter(self.adapters.values()))
+
+    @property
+    def version(self) -> int:
+        return int(self.adapter_dir.name.lstrip("v"))
 
 
 def base_model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
@@ -86,23 +121,34 @@ def read_transitions(path: str | os.PathLike[str]) -> pa.Table:
     return read_checked(Path(path), REQUIRED_TRANSITION_COLUMNS)
 
 
-def _batches(n: int, size: int, rng: random.Random) -> list[list[int]]:
-    order = list(range(n))
+# -- batches ----------------------------------------------------------------------------------
+def _batches(indices: list[int], size: int, rng: random.Random, lengths: list[int] | None
+             ) -> list[list[int]]:
+    order = list(indices)
     rng.shuffle(order)
-    return [order[i:i + size] for i in range(0, n, size)]
+    if lengths is not None:  # similar lengths together, batch order still shuffled
+        order.sort(key=lambda i: lengths[i])
+        batches = [order[i:i + size] for i in range(0, len(order), size)]
+        rng.shuffle(batches)
+        return batches
+    return [order[i:i + size] for i in range(0, len(order), size)]
 
 
-def _collate(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+completion; ``targets`` and ``loss_mask`` cover completion tokens."""
+def _collate(rows: list[dict[str, Any]], pad_id: int, device: torch.device
+             ) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+completion; ``targets`` and ``loss_mask`` cover completion tokens;
+    ``behaviour`` holds the sampler's logprobs where known (``has_behaviour``)."""
     seqs = [r["prompt_ids"] + r["completion_ids"] for r in rows]
     width = max(len(s) for s in seqs)
     comp_width = max(len(r["completion_ids"]) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    # positions whose logits predict completion token j: prompt_len - 1 + j
-    positions = torch.zeros((len(rows), comp_width), dtype=torch.long)
-    targets = torch.full((len(rows), comp_width), pad_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), comp_width), dtype=torch.float32)
+    b = len(rows)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    positions = torch.zeros((b, comp_width), dtype=torch.long)  # logits predicting token j
+    targets = torch.full((b, comp_width), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros((b, comp_width), dtype=torch.float32)
+    behaviour = torch.zeros((b, comp_width), dtype=torch.float32)
+    has_behaviour = torch.zeros((b, comp_width), dtype=torch.float32)
     for i, (r, s) in enumerate(zip(rows, seqs)):
         p, c = len(r["prompt_ids"]), len(r["completion_ids"])
         input_ids[i, : len(s)] = torch.tensor(s)
@@ -110,137 +156,274 @@ def _collate(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]
         positions[i, :c] = torch.arange(p - 1, p - 1 + c)
         targets[i, :c] = torch.tensor(r["completion_ids"])
         loss_mask[i, :c] = torch.tensor(r["completion_mask"], dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention, "positions": positions,
-            "targets": targets, "loss_mask": loss_mask}
+        if r.get("behaviour_logprobs") is not None:
+            behaviour[i, :c] = torch.tensor(r["behaviour_logprobs"], dtype=torch.float32)
+            has_behaviour[i, :c] = 1.0
+    out = {"input_ids": input_ids, "attention_mask": attention, "positions": positions,
+           "targets": targets, "loss_mask": loss_mask, "behaviour": behaviour,
+           "has_behaviour": has_behaviour}
+    return {k: v.to(device) for k, v in out.items()}
 
 
 def completion_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Log-probabilities of the completion tokens; the LM head runs on completion positions only."""
+    """Log-probabilities of the completion tokens. The LM head runs on completion positions only,
+    so no [batch, sequence, vocabulary] logits tensor is ever built."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     body = getattr(lm, lm.base_model_prefix)  # the decoder stack without its LM head
     head = model.get_output_embeddings()
-    hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    hidden = body(input_ids=batch["input_ids"],
+                  attention_mask=batch["attention_mask"]).last_hidden_state
     idx = batch["positions"].unsqueeze(-1).expand(-1, -1, hidden.size(-1))
     logits = head(hidden.gather(1, idx))
     return token_logprobs(logits, batch["targets"])
 
 
-def train_grpo(
+# -- model ------------------------------------------------------------------------------------
+def _device_and_dtype(cfg: GRPOConfig) -> tuple[torch.device, torch.dtype]:
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16 if cfg.bf16 in (None, True) else torch.float32
+    return torch.device("cpu"), torch.bfloat16 if cfg.bf16 else torch.float32
+
+
+def _load(base_model, cfg: GRPOConfig, adapter_names: list[str],
+          init_adapters: dict[str, str | os.PathLike[str]]):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    device, dtype = _device_and_dtype(cfg)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(device)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
+    first, *rest = adapter_names
+    if first in init_adapters:
+        model = PeftModel.from_pretrained(model, str(init_adapters[first]),
+                                          adapter_name=_peft_name(first), is_trainable=True)
+    else:
+        model = get_peft_model(model, lora, adapter_name=_peft_name(first))
+    for name in rest:
+        if name in init_adapters:
+            model.load_adapter(str(init_adapters[name]), adapter_name=_peft_name(name),
+                               is_trainable=True)
+        else:
+            model.add_adapter(_peft_name(name), lora)
+    model.train()
+    return model, device
+
+
+def _peft_name(name: str) -> str:
+    """Agent names are user data; PEFT adapter names become module keys and must not be part of
+    the ``lora_`` prefix (an adapter called ``a`` is reinitialised on load)."""
+    return "agl_" + re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
+def _trainable(model) -> list[torch.nn.Parameter]:
+    # every adapter's LoRA weights (set_adapter marks only the active one trainable)
+    return [p for n, p in model.named_parameters() if "lora_" in n]
+
+
+# -- training ---------------------------------------------------------------------------------
+def train_policy(
     transitions: str | os.PathLike[str] | pa.Table,
     base_model: str | os.PathLike[str],
     adapters_root: str | os.PathLike[str],
     *,
+    policy: Policy = "shared",
     adapter_name: str = "policy",
     config: GRPOConfig | None = None,
-    init_adapter: str | os.PathLike[str] | None = None,
+    init_adapters: dict[str, str | os.PathLike[str]] | None = None,
+    metrics_path: str | os.PathLike[str] | None = None,
     progress: bool = True,
 ) -> TrainResult:
-    """One GRPO round: advantages per group (task), clipped loss over completion tokens, save.
+    """One round of policy updates; returns the new adapter version of each trained adapter.
 
-    ``init_adapter`` continues from an earlier version; otherwise a fresh LoRA is created.
+    ``shared`` trains ``adapter_name``; the per-agent policies name each adapter after its
+    agent (transitions without an agent go to ``adapter_name``). ``init_adapters`` continues
+    from earlier versions (adapter name -> directory).
     """
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
-
     cfg = config or GRPOConfig()
     table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
     if table.num_rows == 0:
         raise ValueError("no transitions to train on (see the converter's skip counts)")
     columns = ["prompt_ids", "completion_ids", "completion_mask", "reward", "group_id",
-               "behaviour_logprobs"]
+               "behaviour_logprobs", "agent_name", "episode_id"]
     if "advantage" in table.column_names:
         columns.append("advantage")
     rows = table.select(columns).to_pylist()
     for i, r in enumerate(rows):
         if not math.isfinite(r["reward"]):
             raise ValueError(f"transition {i}: reward is {r['reward']}; refusing to train on it")
-    if rows and all(r.get("advantage") is not None for r in rows):
-        advantages = [r["advantage"] for r in rows]  # as the converter was configured
-    else:
-        advantages = group_advantages([r["reward"] for r in rows], [r["group_id"] for r in rows],
-                                      eps=cfg.scale_rewards_eps)
+    if not all(r.get("advantage") is not None for r in rows):
+        advs, _ = group_advantages([r["reward"] for r in rows], [r["group_id"] for r in rows],
+                                   [r["episode_id"] for r in rows], eps=cfg.scale_rewards_eps)
+        for r, a in zip(rows, advs):
+            r["advantage"] = a
+    for r in rows:
+        r["adapter"] = adapter_name if policy == "shared" else (r["agent_name"] or adapter_name)
 
+    metrics_file = Path(metrics_path) if metrics_path else None
+    if policy == "per_agent_model":
+        result = TrainResult({}, 0, [], metrics_file)
+        for name in sorted({r["adapter"] for r in rows}):
+            part = [r for r in rows if r["adapter"] == name]
+            sub = _train(part, base_model, adapters_root, [name], cfg, init_adapters or {},
+                         metrics_file, progress)
+            result.adapters.update(sub.adapters)
+            result.steps += sub.steps
+            result.metrics += sub.metrics
+        return result
+    names = sorted({r["adapter"] for r in rows})
+    return _train(rows, base_model, adapters_root, names, cfg, init_adapters or {}, metrics_file,
+                  progress)
+
+
+def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[str],
+           cfg: GRPOConfig, init_adapters, metrics_file: Path | None, progress: bool
+           ) -> TrainResult:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
-    if init_adapter is not None:
-        model = PeftModel.from_pretrained(model, init_adapter, is_trainable=True)
-    else:
-        model = get_peft_model(model, LoraConfig(
-            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-            target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM"))
-    model.train()
+    skipped_zero_variance = 0
+    if cfg.filter_zero_variance_groups:
+        by_group: dict[str, set[float]] = defaultdict(set)
+        for r in rows:
+            by_group[r["group_id"]].add(r["reward"])
+        flat = {g for g, values in by_group.items() if len(values) < 2}
+        skipped_zero_variance = sum(r["group_id"] in flat for r in rows)
+        rows = [r for r in rows if r["group_id"] not in flat]
+    model, device = _load(base_model, cfg, names, init_adapters)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = _trainable(model)
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate)
     eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
+    max_len = cfg.max_completion_length or max((len(r["completion_ids"]) for r in rows),
+                                               default=1)
+    lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
 
-    plan = [b for _ in range(cfg.num_train_epochs)
-            for b in _batches(len(rows), cfg.per_device_train_batch_size, rng)]
+    plan: list[tuple[str, list[int]]] = []  # (adapter, transition indices) per micro-batch
+    for _ in range(cfg.num_train_epochs):
+        epoch = []
+        for name in names:
+            mine = [i for i, r in enumerate(rows) if r["adapter"] == name]
+            epoch += [(name, b) for b in _batches(mine, cfg.per_device_train_batch_size, rng,
+                                                  lengths if cfg.group_by_length else None)]
+        rng.shuffle(epoch)
+        plan += epoch
     bar = _progress(len(plan), progress)
-    old: dict[int, torch.Tensor] = {}  # logprobs of each transition under the pre-update policy
-    metrics: list[dict[str, float]] = []
-    for step, idx in enumerate(plan):
+    old: dict[int, torch.Tensor] = {}  # logprobs under the pre-update policy, per transition
+    metrics: list[dict[str, Any]] = []
+    step = 0
+    optimizer.zero_grad(set_to_none=True)
+    for micro, (name, idx) in enumerate(plan):
         t0 = time.perf_counter()
-        batch = _collate([rows[i] for i in idx], pad_id)
+        model.set_adapter(_peft_name(name))
+        batch = _collate([rows[i] for i in idx], pad_id, device)
         logp = completion_logprobs(model, batch)
-        for j, i in enumerate(idx):  # first visit: on-policy, ratio 1; later epochs clip
+        for j, i in enumerate(idx):  # first visit: on-policy (ratio 1); later epochs clip
             old.setdefault(i, logp[j].detach().clone())
         old_logp = torch.stack([old[i] for i in idx])
-        adv = torch.tensor([advantages[i] for i in idx])
+        ref = None
+        if cfg.beta != 0.0:
+            with torch.no_grad(), model.disable_adapter():
+                ref = completion_logprobs(model, batch)
+        weights = None
+        if cfg.vllm_importance_sampling_correction and batch["has_behaviour"].any():
+            w = importance_weights(old_logp, batch["behaviour"], cfg.vllm_importance_sampling_cap)
+            weights = torch.where(batch["has_behaviour"] > 0, w, torch.ones_like(w))
+        adv = torch.tensor([rows[i]["advantage"] for i in idx], device=device)
         loss, stats = grpo_clip_loss(logp, old_logp, adv, batch["loss_mask"],
-                                     epsilon_low=cfg.epsilon, epsilon_high=eps_high)
+                                     epsilon_low=cfg.epsilon, epsilon_high=eps_high,
+                                     loss_type=cfg.loss_type, max_completion_length=max_len,
+                                     beta=cfg.beta, ref_logprobs=ref, weights=weights)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at step {step} (transitions {idx})")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        optimizer.step()
+            raise FloatingPointError(f"loss is {loss.item()} at step {step} (adapter {name}, "
+                                     f"transitions {idx})")
+        (loss / cfg.gradient_accumulation_steps).backward()
+        last = micro == len(plan) - 1
+        grad_norm = float("nan")
+        if (micro + 1) % cfg.gradient_accumulation_steps == 0 or last:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
         n_tokens = float(batch["loss_mask"].sum())
-        m = {"step": step, "loss": float(loss.detach()), "grad_norm": float(grad_norm),
-             "reward_mean": sum(rows[i]["reward"] for i in idx) / len(idx),
-             "advantage_abs_mean": float(adv.abs().mean()), "tokens": n_tokens,
-             "tokens_per_s": n_tokens / (time.perf_counter() - t0), **stats}
-        mismatch = _behaviour_gap(rows, idx, logp, batch["loss_mask"])
-        if mismatch is not None:
-            m["behaviour_logprob_abs_diff"] = mismatch
+        rewards = [rows[i]["reward"] for i in idx]
+        advs = adv.float()
+        m: dict[str, Any] = {
+            "step": step, "micro_batch": micro, "adapter": name, "loss": float(loss.detach()),
+            "grad_norm": grad_norm, "reward_mean": sum(rewards) / len(rewards),
+            "reward_std": float(torch.tensor(rewards).std()) if len(rewards) > 1 else 0.0,
+            "advantage_mean": float(advs.mean()), "advantage_abs_mean": float(advs.abs().mean()),
+            "tokens": n_tokens, "tokens_per_s": n_tokens / (time.perf_counter() - t0),
+            "memory_mb": _memory_mb(device), "learning_rate": cfg.learning_rate,
+            "skipped_zero_variance": skipped_zero_variance, **stats,
+        }
+        gap = _behaviour_gap(logp, batch)
+        if gap is not None:
+            m["behaviour_logprob_abs_diff"] = gap
         metrics.append(m)
+        if metrics_file is not None:
+            metrics_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(metrics_file, "a") as f:
+                f.write(json.dumps(m) + "\n")
         bar.update(1)
-        bar.set_postfix(loss=f"{m['loss']:.4f}")
+        bar.set_postfix(loss=f"{m['loss']:.4f}", adapter=name)
     bar.close()
+    adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
+                            sum(r["adapter"] == name for r in rows), step, metrics)
+                for name in names}
+    return TrainResult(adapters, step, metrics, metrics_file)
 
-    version, out_dir = next_version_dir(adapters_root, adapter_name)
+
+def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_adapters,
+          n_transitions: int, steps: int, metrics: list[dict[str, Any]]) -> Path:
+    """One adapter -> a new version directory (written to a temporary name, then renamed)."""
+    version, out_dir = next_version_dir(adapters_root, name)
     tmp = out_dir.with_name(f".tmp-{uuid.uuid4().hex}-{out_dir.name}")
-    model.save_pretrained(tmp)
+    model.save_pretrained(str(tmp), selected_adapters=[_peft_name(name)])
+    inner = tmp / _peft_name(name)  # PEFT saves a non-default adapter in a subfolder
+    saved = inner if (inner / "adapter_config.json").exists() else tmp
+    mine = [m for m in metrics if m["adapter"] == name]
     meta = {
-        "agl_bridge_version": __version__, "adapter_name": adapter_name, "version": version,
+        "agl_bridge_version": __version__, "adapter_name": name, "version": version,
         "base_model": str(Path(base_model).resolve()),
         "base_model_fingerprint": base_model_fingerprint(base_model),
-        "init_adapter": str(init_adapter) if init_adapter else None,
-        "transitions": len(rows), "steps": len(plan), "config": asdict(cfg),
-        "final_metrics": metrics[-1], "created_unix": time.time(),
+        "init_adapter": str(init_adapters[name]) if name in init_adapters else None,
+        "transitions": n_transitions, "steps": steps, "config": asdict(cfg),
+        "final_metrics": mine[-1] if mine else None, "created_unix": time.time(),
     }
-    (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2))
+    (saved / METADATA_FILE).write_text(json.dumps(meta, indent=2))
     try:
-        tmp.rename(out_dir)
-    except OSError:
+        saved.rename(out_dir)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return TrainResult(adapter_dir=out_dir, version=version, steps=len(plan), metrics=metrics)
+    return out_dir
 
 
-def _behaviour_gap(rows, idx, logp, mask) -> float | None:
-    """Mean |trainer logprob - sampler logprob| over tokens whose behaviour logprob is known."""
-    total, count = 0.0, 0
-    for j, i in enumerate(idx):
-        beh = rows[i]["behaviour_logprobs"]
-        if beh is None:
-            continue
-        n = len(beh)
-        diff = (logp[j, :n].detach() - torch.tensor(beh, dtype=logp.dtype)).abs() * mask[j, :n]
-        total += float(diff.sum())
-        count += int(mask[j, :n].sum())
-    return total / count if count else None
+def train_grpo(transitions, base_model, adapters_root, *, adapter_name: str = "policy",
+               config: GRPOConfig | None = None, init_adapter=None, progress: bool = True,
+               metrics_path=None) -> TrainResult:
+    """One adapter for everything (the shared policy)."""
+    return train_policy(transitions, base_model, adapters_root, policy="shared",
+                        adapter_name=adapter_name, config=config,
+                        init_adapters={adapter_name: init_adapter} if init_adapter else None,
+                        metrics_path=metrics_path, progress=progress)
+
+
+def _behaviour_gap(logp: torch.Tensor, batch: dict[str, torch.Tensor]) -> float | None:
+    """Mean |trainer logprob - sampler logprob| over tokens whose sampler logprob is known."""
+    known = batch["has_behaviour"] * batch["loss_mask"]
+    n = float(known.sum())
+    if n == 0:
+        return None
+    return float(((logp.detach() - batch["behaviour"]).abs() * known).sum() / n)
+
+
+def _memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _progress(total: int, enabled: bool):
@@ -254,4 +437,4 @@ def _progress(total: int, enabled: bool):
             def set_postfix(self, **kw): ...
             def close(self): ...
         return _Null()
-    return tqdm(total=total, desc="grpo", unit="step")
+    return tqdm(total=total, desc="grpo", unit="batch")
