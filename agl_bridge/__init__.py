@@ -26,6 +26,16 @@ from agl_bridge.scope import (
 )
 from agl_bridge.tools import tool
 
+
+def train_from_traces(traces, base_model, **kwargs):
+    """Convert traces and train LoRA adapters; see ``agl_bridge.trainer.api.train_from_traces``.
+
+    Imported on call, so that capture never imports torch.
+    """
+    from agl_bridge.trainer.api import train_from_traces as run
+
+    return run(traces, base_model, **kwargs)
+
 __all__ = [
     "CaptureLevel",
     "__version__",
@@ -41,6 +51,7 @@ __all__ = [
     "restart",
     "task_step",
     "tool",
+    "train_from_traces",
     "turn",
     "vote",
     "workflow",

@@ -41,17 +41,41 @@ def _convert(args: argparse.Namespace) -> int:
     return 0 if stats.transitions else 1
 
 def _train(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.train import GRPOConfig, train_grpo
+    from agl_bridge.trainer.api import train_from_traces
 
-    cfg = GRPOConfig(learning_rate=args.learning_rate, num_train_epochs=args.num_train_epochs,
-                     per_device_train_batch_size=args.per_device_train_batch_size,
-                     epsilon=args.epsilon, lora_r=args.lora_r, seed=args.seed)
-    result = train_grpo(args.transitions, args.base_model, args.adapters_root,
-                        adapter_name=args.adapter_name, config=cfg, init_adapter=args.init_adapter)
-    last = result.metrics[-1]
-    print(f"{result.steps} steps, last loss {last['loss']:+.4f}; adapter: {result.adapter_dir}")
+    options: dict = {}
+    if args.config:
+        options.update(_read_config(args.config))
+    flags = {"learning_rate": args.learning_rate, "num_train_epochs": args.num_train_epochs,
+             "per_device_train_batch_size": args.per_device_train_batch_size,
+             "epsilon": args.epsilon, "beta": args.beta, "loss_type": args.loss_type,
+             "lora_r": args.lora_r, "seed": args.seed}
+    options.update({k: v for k, v in flags.items() if v is not None})  # flags win over the file
+    algorithm = options.pop("algorithm", None) or args.algorithm
+    policy = options.pop("policy", None) or args.policy
+    init = {args.adapter_name: args.init_adapter} if args.init_adapter else None
+    run = train_from_traces(args.traces, args.base_model, algorithm=algorithm, policy=policy,
+                            output_dir=args.output_dir, adapter_name=args.adapter_name,
+                            init_adapters=init, **options)
+    if run.conversion is not None:
+        print(run.conversion.summary())
+    for name, path in run.adapters.items():
+        print(f"adapter {name}: {path}")
+    print(f"{run.steps} optimizer steps; metrics: {run.metrics_path}")
     return 0
 
+
+def _read_config(path: str) -> dict:
+    """A JSON or TOML file of options (TRL-style names, plus algorithm and policy)."""
+    import json
+    import tomllib
+
+    text = open(path, "rb").read()
+    try:
+        return tomllib.loads(text.decode()) if path.endswith(".toml") else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: not valid {'TOML' if path.endswith('.toml') else 'JSON'}: "
+                         f"{exc}") from exc
 
 def _publish(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.publish import publish_adapter
@@ -172,18 +196,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="past this many span rows, convert bucket by bucket (flat memory)")
     c.set_defaults(func=_convert)
 
-    t = sub.add_parser("train", help="one GRPO round on a LoRA adapter")
-    t.add_argument("transitions")
+    t = sub.add_parser("train", help="convert traces and train LoRA adapters")
+    t.add_argument("traces", help="span Parquet (file or directory), OTLP/JSON, or transitions")
     t.add_argument("--base-model", required=True, help="a local Hugging Face model directory")
-    t.add_argument("--adapters-root", default="adapters")
-    t.add_argument("--adapter-name", default="policy")
-    t.add_argument("--init-adapter", help="continue from this adapter version directory")
-    t.add_argument("--learning-rate", type=float, default=1e-4)
-    t.add_argument("--num-train-epochs", type=int, default=1)
-    t.add_argument("--per-device-train-batch-size", type=int, default=8)
-    t.add_argument("--epsilon", type=float, default=0.2)
-    t.add_argument("--lora-r", type=int, default=8)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--algorithm", choices=["at_grpo", "lightning_rl"], default="at_grpo")
+    t.add_argument("--policy", choices=["shared", "per_agent_lora", "per_agent_model"],
+                   default="shared")
+    t.add_argument("--output-dir", default="agl_bridge_run")
+    t.add_argument("--adapter-name", default="policy", help="the shared policy's adapter")
+    t.add_argument("--init-adapter", help="continue the shared adapter from this version")
+    t.add_argument("--config", help="JSON or TOML file of options (TRL-style names)")
+    t.add_argument("--learning-rate", type=float)
+    t.add_argument("--num-train-epochs", type=int)
+    t.add_argument("--per-device-train-batch-size", type=int)
+    t.add_argument("--epsilon", type=float)
+    t.add_argument("--beta", type=float, help="KL weight (k3, reference = adapter disabled)")
+    t.add_argument("--loss-type", choices=["grpo", "bnpo", "dapo", "dr_grpo"])
+    t.add_argument("--lora-r", type=int)
+    t.add_argument("--seed", type=int)
     t.set_defaults(func=_train)
 
     p = sub.add_parser("publish", help="load an adapter version into a running vLLM")
@@ -224,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (ValueError, TypeError, OSError, RuntimeError) as exc:
         print(f"agl-bridge {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

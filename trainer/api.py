@@ -1,0 +1,112 @@
+"""``train_from_traces``: traces in, new adapter versions out, in one call.
+
+A run directory holds everything needed to see what happened and to go on from it::
+
+    <output_dir>/transitions.parquet   what was trained on (unless transitions were given)
+    <output_dir>/metrics.jsonl         one line per micro-batch (``agl-bridge report`` plots it)
+    <output_dir>/adapters/<name>/vN    each trained adapter, PEFT format, with metadata
+    <output_dir>/run.json              the settings, the conversion summary, the adapters
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from agl_bridge.trainer.transitions import ConversionStats, ConvertConfig, convert
+
+
+@dataclass
+class TrainRun:
+    output_dir: Path
+    transitions_path: Path
+    conversion: ConversionStats | None  # None when transitions were given
+    adapters: dict[str, Path]
+    steps: int
+    metrics_path: Path
+
+
+def _is_transitions_file(path: Path) -> bool:
+    if not path.is_file() or not path.name.endswith(".parquet"):
+        return False
+    meta = pq.read_schema(path).metadata or {}
+    return meta.get(b"agl_bridge.schema") == b"transitions"
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Options by owner: converter (ConvertConfig) or trainer (GRPOConfig); unknown names are
+    an error that lists the known ones."""
+    from agl_bridge.trainer.train import GRPOConfig
+
+    convert_names = {f.name for f in dataclasses.fields(ConvertConfig)}
+    train_names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(options) - convert_names - train_names)
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown}; converter options: "
+                        f"{sorted(convert_names)}; trainer options: {sorted(train_names)}")
+    return ({k: v for k, v in options.items() if k in convert_names},
+            {k: v for k, v in options.items() if k in train_names})
+
+
+def train_from_traces(
+    traces: str | os.PathLike[str] | list,
+    base_model: str | os.PathLike[str],
+    *,
+    algorithm: str = "at_grpo",
+    policy: str = "shared",
+    output_dir: str | os.PathLike[str] = "agl_bridge_run",
+    adapter_name: str = "policy",
+    init_adapters: dict[str, str | os.PathLike[str]] | None = None,
+    progress: bool = True,
+    **options: Any,
+) -> TrainRun:
+    """Convert ``traces`` (span Parquet, OTLP/JSON, or a transitions file) and train.
+
+    ``algorithm``: ``at_grpo`` (groups by task, agent and turn; team and local rewards mixed)
+    or ``lightning_rl`` (identical assignment, groups by task). ``policy``: ``shared``,
+    ``per_agent_lora`` or ``per_agent_model``. Other keyword options go to the converter
+    (``ConvertConfig``: alpha, gamma, advantage_unit, missing_reward, ...) or the trainer
+    (``GRPOConfig``: learning_rate, beta, loss_type, epsilon, ...), by name.
+    """
+    from agl_bridge.trainer.train import GRPOConfig, train_policy
+
+    if algorithm not in ("at_grpo", "lightning_rl"):
+        raise ValueError(f"algorithm must be at_grpo or lightning_rl, got {algorithm!r}")
+    if policy not in ("shared", "per_agent_lora", "per_agent_model"):
+        raise ValueError(f"policy must be shared, per_agent_lora or per_agent_model, "
+                         f"got {policy!r}")
+    convert_options, train_options = split_options(options)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    single = Path(traces) if isinstance(traces, (str, os.PathLike)) else None
+    stats = None
+    if single is not None and _is_transitions_file(single):
+        transitions = single
+    else:
+        transitions = out / "transitions.parquet"
+        stats = convert(traces, transitions,
+                        ConvertConfig(algorithm=algorithm, **convert_options))
+        if stats.transitions == 0:
+            raise ValueError(f"no transitions from {traces}:\n{stats.summary()}")
+    metrics_path = out / "metrics.jsonl"
+    t0 = time.time()
+    result = train_policy(transitions, base_model, out / "adapters", policy=policy,
+                          adapter_name=adapter_name, config=GRPOConfig(**train_options),
+                          init_adapters=init_adapters, metrics_path=metrics_path,
+                          progress=progress)
+    run = TrainRun(out, transitions, stats, result.adapters, result.steps, metrics_path)
+    (out / "run.json").write_text(json.dumps({
+        "traces": [str(t) for t in traces] if isinstance(traces, list) else str(traces),
+        "base_model": str(base_model), "algorithm": algorithm, "policy": policy,
+        "options": options, "conversion": stats.summary() if stats else None,
+        "adapters": {k: str(v) for k, v in result.adapters.items()}, "steps": result.steps,
+        "seconds": time.time() - t0,
+    }, indent=2, default=str))
+    return run
