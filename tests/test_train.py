@@ -109,3 +109,25 @@ def test_refuses_empty_and_non_finite_input(tiny, tmp_path):
     with pytest.raises(ValueError, match="transition 1: reward is nan"):
         train_grpo(transitions([0.0, math.nan]), tiny, tmp_path, progress=False)
     assert not (tmp_path / "policy").exists()
+
+
+def test_two_process_data_parallel_with_gloo(tiny, tmp_path):
+    """torchrun, 2 CPU processes: each trains half the batches, gradients are averaged, and
+    every rank ends with the same weights, which changed; rank 0 alone saves."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("distributed_train.py")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", str(script), str(tiny), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    r0, r1 = (torch.load(tmp_path / f"rank{i}.pt") for i in (0, 1))
+    assert r0["micro_batches"] == r1["micro_batches"] == 4  # 8 transitions, batch 1, 2 ranks
+    assert r0["steps"] == r1["steps"] == 4
+    assert r0["adapters"] == ["a", "b"] and r1["adapters"] == []
+    assert r0["lora"].keys() == r1["lora"].keys()
+    assert all(torch.equal(r0["lora"][k], r1["lora"][k]) for k in r0["lora"])
+    assert any(v.abs().sum() > 0 for k, v in r0["lora"].items() if "lora_B" in k)
+    assert (tmp_path / "adapters" / "a" / "v0001" / "adapter_model.safetensors").exists()

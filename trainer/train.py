@@ -83,6 +83,7 @@ class TrainResult:
     steps: int
     metrics: list[dict[str, Any]]
     metrics_path: Path | None = None
+    model: Any = None  # the trained peft model, when asked for (keep_model=True)
 
     @property
     def adapter_dir(self) -> Path:  # the single adapter of a shared policy
@@ -219,6 +220,37 @@ def _peft_name(name: str) -> str:
     return "agl_" + re.sub(r"[^0-9A-Za-z_]", "_", name)
 
 
+def _distributed() -> tuple[int, int]:
+    """(world size, rank); under torchrun the process group is started here (gloo on CPU,
+    nccl on GPU)."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 1, 0
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_world_size(), dist.get_rank()
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
+    """Average gradients over the ranks. Parameters with no gradient on any rank keep None, so
+    the optimizer leaves them exactly as they are (per-agent adapters: ranks may be training
+    different agents in the same step)."""
+    import torch.distributed as dist
+
+    had = torch.tensor([p.grad is not None for p in params], dtype=torch.float32,
+                       device=params[0].device)
+    dist.all_reduce(had)
+    for p, n in zip(params, had.tolist()):
+        if n == 0:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+        p.grad /= world
+
+
 def _trainable(model) -> list[torch.nn.Parameter]:
     # every adapter's LoRA weights (set_adapter marks only the active one trainable)
     return [p for n, p in model.named_parameters() if "lora_" in n]
@@ -236,6 +268,7 @@ def train_policy(
     init_adapters: dict[str, str | os.PathLike[str]] | None = None,
     metrics_path: str | os.PathLike[str] | None = None,
     progress: bool = True,
+    keep_model: bool = False,
 ) -> TrainResult:
     """One round of policy updates; returns the new adapter version of each trained adapter.
 
@@ -269,19 +302,19 @@ def train_policy(
         for name in sorted({r["adapter"] for r in rows}):
             part = [r for r in rows if r["adapter"] == name]
             sub = _train(part, base_model, adapters_root, [name], cfg, init_adapters or {},
-                         metrics_file, progress)
+                         metrics_file, progress, keep_model=False)
             result.adapters.update(sub.adapters)
             result.steps += sub.steps
             result.metrics += sub.metrics
         return result
     names = sorted({r["adapter"] for r in rows})
     return _train(rows, base_model, adapters_root, names, cfg, init_adapters or {}, metrics_file,
-                  progress)
+                  progress, keep_model=keep_model)
 
 
 def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[str],
-           cfg: GRPOConfig, init_adapters, metrics_file: Path | None, progress: bool
-           ) -> TrainResult:
+           cfg: GRPOConfig, init_adapters, metrics_file: Path | None, progress: bool,
+           keep_model: bool = False) -> TrainResult:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     skipped_zero_variance = 0
@@ -295,7 +328,9 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     model, device = _load(base_model, cfg, names, init_adapters)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     params = _trainable(model)
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate)
+    # no weight decay (the HF and TRL default): an adapter without data must not move
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+    world, rank = _distributed()
     eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
     max_len = cfg.max_completion_length or max((len(r["completion_ids"]) for r in rows),
                                                default=1)
@@ -310,7 +345,13 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
                                                   lengths if cfg.group_by_length else None)]
         rng.shuffle(epoch)
         plan += epoch
-    bar = _progress(len(plan), progress)
+    if world > 1:  # the same plan on every rank (same seed): each takes its share, equal counts
+        share = len(plan) // world
+        if share * world != len(plan):
+            logger.info("agl_bridge: %d micro-batch(es) left out to split evenly over %d ranks",
+                        len(plan) - share * world, world)
+        plan = plan[rank::world][:share]
+    bar = _progress(len(plan), progress and rank == 0)
     old: dict[int, torch.Tensor] = {}  # logprobs under the pre-update policy, per transition
     metrics: list[dict[str, Any]] = []
     step = 0
@@ -343,6 +384,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         last = micro == len(plan) - 1
         grad_norm = float("nan")
         if (micro + 1) % cfg.gradient_accumulation_steps == 0 or last:
+            if world > 1:
+                _all_reduce_grads(params, world)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -362,18 +405,23 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         gap = _behaviour_gap(logp, batch)
         if gap is not None:
             m["behaviour_logprob_abs_diff"] = gap
+        if world > 1:
+            m["rank"] = rank
         metrics.append(m)
-        if metrics_file is not None:
+        if metrics_file is not None and rank == 0:
             metrics_file.parent.mkdir(parents=True, exist_ok=True)
             with open(metrics_file, "a") as f:
                 f.write(json.dumps(m) + "\n")
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.4f}", adapter=name)
     bar.close()
+    kept = model if keep_model else None
+    if rank != 0:  # every rank holds the same weights; one writes them
+        return TrainResult({}, step, metrics, metrics_file, kept)
     adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
                             sum(r["adapter"] == name for r in rows), step, metrics)
                 for name in names}
-    return TrainResult(adapters, step, metrics, metrics_file)
+    return TrainResult(adapters, step, metrics, metrics_file, kept)
 
 
 def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_adapters,

@@ -1,0 +1,31 @@
+"""Run under torchrun: per-agent LoRA training over the ranks. Each rank writes its final LoRA
+weights, so the test can check every rank ends with the same ones (the all-reduce worked)."""
+
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from agl_bridge.schema import TRANSITION_SCHEMA
+from agl_bridge.trainer.train import GRPOConfig, train_policy
+
+model_dir, out = sys.argv[1], Path(sys.argv[2])
+rows = []
+for i, (agent, reward) in enumerate([("a", 1.0), ("a", 0.0), ("a", 0.5), ("a", 0.0),
+                                     ("b", 1.0), ("b", 0.0), ("b", 0.2), ("b", 0.9)]):
+    rows.append({"episode_id": f"e{i}", "task_id": "t", "agent_name": agent,
+                 "prompt_ids": [257, 40 + i, 258], "completion_ids": [60 + i, 61, 62],
+                 "completion_mask": [1, 1, 1], "behaviour_logprobs": None, "reward": reward,
+                 "group_id": f"g_{agent}", "advantage": None, "merged_calls": 1,
+                 "retokenized": False})
+result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
+                      out / "adapters", policy="per_agent_lora", progress=False, keep_model=True,
+                      config=GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=1))
+rank = dist.get_rank()
+lora = {k: v.detach().clone() for k, v in result.model.named_parameters() if "lora_" in k}
+torch.save({"lora": lora, "steps": result.steps, "adapters": sorted(result.adapters),
+            "micro_batches": len(result.metrics)}, out / f"rank{rank}.pt")
+dist.barrier()
+dist.destroy_process_group()
