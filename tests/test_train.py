@@ -131,3 +131,27 @@ def test_two_process_data_parallel_with_gloo(tiny, tmp_path):
     assert all(torch.equal(r0["lora"][k], r1["lora"][k]) for k in r0["lora"])
     assert any(v.abs().sum() > 0 for k, v in r0["lora"].items() if "lora_B" in k)
     assert (tmp_path / "adapters" / "a" / "v0001" / "adapter_model.safetensors").exists()
+
+
+def test_resume_reproduces_the_loss_trajectory_and_metadata_has_the_data_range(tiny, tmp_path):
+    from agl_bridge.trainer.train import latest_checkpoint, train_policy
+
+    data = transitions([1.0, 0.0, 0.7, 0.1, 0.4, 0.9])
+    cfg = dict(learning_rate=5e-2, per_device_train_batch_size=2, num_train_epochs=2)
+    whole = train_policy(data, tiny, tmp_path / "a", config=GRPOConfig(**cfg), progress=False)
+    stopped = train_policy(data, tiny, tmp_path / "b", checkpoint_dir=tmp_path / "ckpt",
+                           config=GRPOConfig(**cfg, save_steps=1, max_steps=3), progress=False)
+    assert stopped.steps == 3 and latest_checkpoint(tmp_path / "ckpt").name == "checkpoint-3"
+    resumed = train_policy(data, tiny, tmp_path / "c", checkpoint_dir=tmp_path / "ckpt",
+                           resume_from_checkpoint=True, config=GRPOConfig(**cfg), progress=False)
+    assert len(whole.metrics) == len(resumed.metrics) == 6
+    assert [m["loss"] for m in resumed.metrics] == pytest.approx(
+        [m["loss"] for m in whole.metrics], abs=1e-6)
+    a = load_file(str(whole.adapter_dir / "adapter_model.safetensors"))
+    c = load_file(str(resumed.adapter_dir / "adapter_model.safetensors"))
+    assert all(torch.allclose(a[k], c[k], atol=1e-6) for k in a)
+    meta = json.loads((whole.adapter_dir / METADATA_FILE).read_text())
+    assert meta["data"] == {"transitions_file": None, "rows": 6, "episodes": 6}
+    with pytest.raises(FileNotFoundError, match="no checkpoint to resume from"):
+        train_policy(data, tiny, tmp_path / "d", checkpoint_dir=tmp_path / "none",
+                     resume_from_checkpoint=True, progress=False)

@@ -65,6 +65,7 @@ def train_from_traces(
     adapter_name: str = "policy",
     init_adapters: dict[str, str | os.PathLike[str]] | None = None,
     progress: bool = True,
+    resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
     **options: Any,
 ) -> TrainRun:
     """Convert ``traces`` (span Parquet, OTLP/JSON, or a transitions file) and train.
@@ -73,7 +74,9 @@ def train_from_traces(
     or ``lightning_rl`` (identical assignment, groups by task). ``policy``: ``shared``,
     ``per_agent_lora`` or ``per_agent_model``. Other keyword options go to the converter
     (``ConvertConfig``: alpha, gamma, advantage_unit, missing_reward, ...) or the trainer
-    (``GRPOConfig``: learning_rate, beta, loss_type, epsilon, ...), by name.
+    (``GRPOConfig``: learning_rate, beta, loss_type, epsilon, save_steps, ...), by name.
+    Checkpoints (``save_steps``) go to ``<output_dir>/checkpoints``; ``resume_from_checkpoint``
+    (True: the latest there) continues an interrupted run on the same transitions.
     """
     from agl_bridge.trainer.train import GRPOConfig, train_policy
 
@@ -89,6 +92,8 @@ def train_from_traces(
     stats = None
     if single is not None and _is_transitions_file(single):
         transitions = single
+    elif resume_from_checkpoint and (out / "transitions.parquet").exists():
+        transitions = out / "transitions.parquet"  # the data the interrupted run trained on
     else:
         transitions = out / "transitions.parquet"
         stats = convert(traces, transitions,
@@ -100,7 +105,8 @@ def train_from_traces(
     result = train_policy(transitions, base_model, out / "adapters", policy=policy,
                           adapter_name=adapter_name, config=GRPOConfig(**train_options),
                           init_adapters=init_adapters, metrics_path=metrics_path,
-                          progress=progress)
+                          progress=progress, checkpoint_dir=out / "checkpoints",
+                          resume_from_checkpoint=resume_from_checkpoint)
     run = TrainRun(out, transitions, stats, result.adapters, result.steps, metrics_path)
     (out / "run.json").write_text(json.dumps({
         "traces": [str(t) for t in traces] if isinstance(traces, list) else str(traces),

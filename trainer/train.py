@@ -75,6 +75,8 @@ class GRPOConfig:
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     scale_rewards_eps: float = 1e-4
+    max_steps: int | None = None  # stop after this many optimizer steps
+    save_steps: int | None = None  # checkpoint every N optimizer steps (needs checkpoint_dir)
 
 
 @dataclass
@@ -269,12 +271,17 @@ def train_policy(
     metrics_path: str | os.PathLike[str] | None = None,
     progress: bool = True,
     keep_model: bool = False,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
 ) -> TrainResult:
     """One round of policy updates; returns the new adapter version of each trained adapter.
 
     ``shared`` trains ``adapter_name``; the per-agent policies name each adapter after its
     agent (transitions without an agent go to ``adapter_name``). ``init_adapters`` continues
-    from earlier versions (adapter name -> directory).
+    from earlier versions (adapter name -> directory). With ``save_steps`` and
+    ``checkpoint_dir``, the run checkpoints every N optimizer steps; ``resume_from_checkpoint``
+    (a checkpoint directory, or True for the latest in ``checkpoint_dir``) continues it, with the
+    same batches and the same loss trajectory as a run that was never stopped.
     """
     cfg = config or GRPOConfig()
     table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
@@ -302,19 +309,22 @@ def train_policy(
         for name in sorted({r["adapter"] for r in rows}):
             part = [r for r in rows if r["adapter"] == name]
             sub = _train(part, base_model, adapters_root, [name], cfg, init_adapters or {},
-                         metrics_file, progress, keep_model=False)
+                         metrics_file, progress, keep_model=False,
+                         data=_data_range(transitions, table))
             result.adapters.update(sub.adapters)
             result.steps += sub.steps
             result.metrics += sub.metrics
         return result
     names = sorted({r["adapter"] for r in rows})
     return _train(rows, base_model, adapters_root, names, cfg, init_adapters or {}, metrics_file,
-                  progress, keep_model=keep_model)
+                  progress, keep_model=keep_model, checkpoint_dir=checkpoint_dir,
+                  resume=resume_from_checkpoint, data=_data_range(transitions, table))
 
 
 def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[str],
            cfg: GRPOConfig, init_adapters, metrics_file: Path | None, progress: bool,
-           keep_model: bool = False) -> TrainResult:
+           keep_model: bool = False, checkpoint_dir=None, resume=None,
+           data: dict[str, Any] | None = None) -> TrainResult:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     skipped_zero_variance = 0
@@ -355,8 +365,16 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     old: dict[int, torch.Tensor] = {}  # logprobs under the pre-update policy, per transition
     metrics: list[dict[str, Any]] = []
     step = 0
+    start = 0
+    if resume:
+        start, step, metrics = _load_checkpoint(resume, checkpoint_dir, model, optimizer, old)
+        bar.update(start)
     optimizer.zero_grad(set_to_none=True)
     for micro, (name, idx) in enumerate(plan):
+        if micro < start:
+            continue
+        if cfg.max_steps is not None and step >= cfg.max_steps:
+            break
         t0 = time.perf_counter()
         model.set_adapter(_peft_name(name))
         batch = _collate([rows[i] for i in idx], pad_id, device)
@@ -383,6 +401,7 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         (loss / cfg.gradient_accumulation_steps).backward()
         last = micro == len(plan) - 1
         grad_norm = float("nan")
+        checkpoint_due = False
         if (micro + 1) % cfg.gradient_accumulation_steps == 0 or last:
             if world > 1:
                 _all_reduce_grads(params, world)
@@ -390,6 +409,7 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            checkpoint_due = cfg.save_steps and checkpoint_dir and step % cfg.save_steps == 0
         n_tokens = float(batch["loss_mask"].sum())
         rewards = [rows[i]["reward"] for i in idx]
         advs = adv.float()
@@ -414,18 +434,76 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
                 f.write(json.dumps(m) + "\n")
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.4f}", adapter=name)
+        if checkpoint_due and rank == 0:  # right after an optimizer step
+            _save_checkpoint(Path(checkpoint_dir), micro + 1, step, model, optimizer, old,
+                             metrics)
     bar.close()
     kept = model if keep_model else None
     if rank != 0:  # every rank holds the same weights; one writes them
         return TrainResult({}, step, metrics, metrics_file, kept)
     adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
-                            sum(r["adapter"] == name for r in rows), step, metrics)
+                            sum(r["adapter"] == name for r in rows), step, metrics, data)
                 for name in names}
     return TrainResult(adapters, step, metrics, metrics_file, kept)
 
 
+def _save_checkpoint(root: Path, next_micro: int, step: int, model, optimizer,
+                     old: dict[int, torch.Tensor], metrics: list[dict[str, Any]]) -> Path:
+    """Everything a resumed run needs to continue as if never stopped (atomic directory)."""
+    out = root / f"checkpoint-{step}"
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir(parents=True)
+    torch.save({
+        "next_micro_batch": next_micro, "step": step,
+        "lora": {n: p.detach().cpu() for n, p in model.named_parameters() if "lora_" in n},
+        "optimizer": optimizer.state_dict(), "old_logprobs": old,
+        "torch_rng": torch.get_rng_state(), "metrics": metrics,
+    }, tmp / "state.pt")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    found = sorted(Path(root).glob("checkpoint-[0-9]*"), key=lambda p: int(p.name.split("-")[1]))
+    return found[-1] if found else None
+
+
+def _load_checkpoint(resume, checkpoint_dir, model, optimizer, old) -> tuple[int, int, list]:
+    path = latest_checkpoint(checkpoint_dir) if resume is True else Path(resume)
+    if path is None or not (path / "state.pt").exists():
+        raise FileNotFoundError(f"no checkpoint to resume from in {resume if resume is not True else checkpoint_dir}")
+    state = torch.load(path / "state.pt", weights_only=False)
+    params = dict(model.named_parameters())
+    missing = [n for n in state["lora"] if n not in params]
+    if missing:
+        raise ValueError(f"{path}: checkpoint does not fit this model/adapters "
+                         f"(unknown parameters, e.g. {missing[0]})")
+    with torch.no_grad():
+        for n, v in state["lora"].items():
+            params[n].copy_(v)
+    optimizer.load_state_dict(state["optimizer"])
+    old.update(state["old_logprobs"])
+    torch.set_rng_state(state["torch_rng"])
+    return state["next_micro_batch"], state["step"], state["metrics"]
+
+
+def _data_range(source, table: pa.Table) -> dict[str, Any]:
+    """What a version was trained on: the transitions file, rows, episodes and time span."""
+    info: dict[str, Any] = {"transitions_file": None if isinstance(source, pa.Table)
+                            else str(Path(source).resolve()), "rows": table.num_rows}
+    if "episode_id" in table.column_names:
+        info["episodes"] = len(set(table["episode_id"].to_pylist()))
+    if "start_time_unix_nano" in table.column_names and table.num_rows:
+        times = [t for t in table["start_time_unix_nano"].to_pylist() if t is not None]
+        if times:
+            info["first_start_unix_nano"], info["last_start_unix_nano"] = min(times), max(times)
+    return info
+
+
 def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_adapters,
-          n_transitions: int, steps: int, metrics: list[dict[str, Any]]) -> Path:
+          n_transitions: int, steps: int, metrics: list[dict[str, Any]],
+          data: dict[str, Any] | None = None) -> Path:
     """One adapter -> a new version directory (written to a temporary name, then renamed)."""
     version, out_dir = next_version_dir(adapters_root, name)
     tmp = out_dir.with_name(f".tmp-{uuid.uuid4().hex}-{out_dir.name}")
@@ -438,7 +516,7 @@ def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_ada
         "base_model": str(Path(base_model).resolve()),
         "base_model_fingerprint": base_model_fingerprint(base_model),
         "init_adapter": str(init_adapters[name]) if name in init_adapters else None,
-        "transitions": n_transitions, "steps": steps, "config": asdict(cfg),
+        "transitions": n_transitions, "steps": steps, "config": asdict(cfg), "data": data,
         "final_metrics": mine[-1] if mine else None, "created_unix": time.time(),
     }
     (saved / METADATA_FILE).write_text(json.dumps(meta, indent=2))
