@@ -160,14 +160,24 @@ def _handler_class():
             metadata = metadata or {}
             name = kwargs.get("name") or (serialized or {}).get("name")
             parent = self._parent(parent_run_id)
-            if parent is None and parent_run_id is None:  # a root run: the workflow
+            if parent is None and parent_run_id is None:  # a root run: workflow or agent
+                root = _Root()
                 with self._lock:
-                    self._roots[run_id] = _Root()
+                    self._roots[run_id] = root
                 current = scope_of(otel_context.get_current())
+                episode = None if "episode_id" in current else run_id.hex
+                agent = metadata.get("lc_agent_name")
+                if agent:  # create_agent(name=...) invoked directly: one activation, turn 0
+                    root.turns[agent] += 1
+                    root.last_agent = agent
+                    self._open(run_id, None, sc.invoke_agent_span_name(agent),
+                               {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}, agent,
+                               episode_id=episode, agent_name=agent, turn_index=0)
+                    return
                 self._open(run_id, None, sc.invoke_workflow_span_name(name),
                            {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_WORKFLOW,
                             sc.GEN_AI_WORKFLOW_NAME: name or ""}, agent=None,
-                           episode_id=None if "episode_id" in current else run_id.hex)
+                           episode_id=episode)
                 return
             parent_agent = parent.agent if parent else None
             node = metadata.get("langgraph_node")

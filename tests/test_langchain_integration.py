@@ -169,3 +169,47 @@ def test_uninstrument_removes_the_handler(spans):
     LangChainInstrumentor().uninstrument()
     GenericFakeChatModel(messages=iter([AIMessage(content="x")])).invoke("y")
     assert spans.get_finished_spans() == ()
+
+
+def test_supervisor_with_create_agent_subagent_is_a_handoff(spans, instrumented):
+    """LangChain 1.x's own agents: a supervisor whose tool runs a research subagent."""
+    import json as _json
+
+    from langchain.agents import create_agent
+
+    def script(body):
+        tools = {t["function"]["name"] for t in body.get("tools") or []}
+        answered = any(m.get("role") == "tool" for m in body["messages"])
+        if "ask_researcher" in tools and not answered:
+            return "", [{"id": "call_1", "name": "ask_researcher",
+                         "arguments": _json.dumps({"question": "2+3?"})}]
+        return ("The answer is 5." if "ask_researcher" in tools else "5"), []
+
+    with ScriptedServer(vllm=True, script=script, completion_ids=[9, 9]) as server:
+        llm = ChatOpenAI(model="m", base_url=server.base_url, api_key="k", max_retries=0)
+        researcher = create_agent(llm, tools=[], name="researcher")
+
+        @tool
+        def ask_researcher(question: str) -> str:
+            """Ask the research agent."""
+            return researcher.invoke({"messages": [("user", question)]})["messages"][-1].content
+
+        supervisor = create_agent(llm, tools=[ask_researcher], name="supervisor")
+        with agl_bridge.episode("ep-sup", task_id="t"):
+            out = supervisor.invoke({"messages": [("user", "What is 2+3?")]})
+    assert out["messages"][-1].content == "The answer is 5."
+    got = spans.get_finished_spans()
+    ids = {s.context.span_id: s for s in got}
+    chats = sorted((s for s in got if s.name == "chat m"), key=lambda s: s.start_time)
+    assert [c.attributes[sc.GEN_AI_AGENT_NAME] for c in chats] == [
+        "supervisor", "researcher", "supervisor"]
+    assert all(list(c.attributes[sc.COMPLETION_TOKEN_IDS]) == [9, 9] for c in chats)
+    agents = [s for s in got if s.name.startswith("invoke_agent")]
+    assert sorted(s.name for s in agents) == ["invoke_agent researcher", "invoke_agent supervisor"]
+    (researcher_span,) = [s for s in agents if s.name == "invoke_agent researcher"]
+    assert ids[researcher_span.parent.span_id].name == "execute_tool ask_researcher"
+    (handoff,) = [s for s in got if s.name == sc.SPAN_HANDOFF]
+    assert (handoff.attributes[sc.HANDOFF_FROM], handoff.attributes[sc.COORDINATION_AGENT]) == (
+        "supervisor", "researcher")
+    supervisor_chats = [c for c in chats if c.attributes[sc.GEN_AI_AGENT_NAME] == "supervisor"]
+    assert {c.attributes[sc.TURN_INDEX] for c in supervisor_chats} == {0}  # one activation
