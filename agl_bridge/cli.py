@@ -6,6 +6,7 @@
     agl-bridge collect --out DIR                    an OTLP receiver (HTTP 4318, gRPC 4317)
     agl-bridge import FILES_OR_DIRS --out DIR       OTLP/JSON Collector files -> span Parquet
     agl-bridge recover DIR                          write-ahead logs of dead writers -> Parquet
+    agl-bridge report RUN                           metrics.jsonl -> PNG plots and report.html
 
 Training imports torch only when ``train`` runs, so the capture install can use ``convert``.
 """
@@ -156,6 +157,19 @@ def _recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.report import report
+
+    html_path, summary, problems = report(args.run, args.out, args.adapters or ())
+    for problem in problems:
+        print(f"agl-bridge report: skipped {problem}", file=sys.stderr)
+    print(f"{summary['micro_batches']} micro-batches, {summary['steps']} optimizer steps, "
+          f"{len(summary['adapters'])} adapter(s); {summary['malformed']} malformed line(s) "
+          f"skipped")
+    print(f"wrote {html_path} (and the panels as PNG beside it)")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -247,6 +261,18 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("recover", help="turn write-ahead logs left by dead writers into Parquet")
     v.add_argument("directory", help="a span Parquet directory (the one holding _wal/)")
     v.set_defaults(func=_recover)
+
+    rp = sub.add_parser("report", help="a training run's metrics -> PNG plots and one HTML page",
+                        description="Plot a run's metrics.jsonl (one PNG per panel, one line "
+                                    "per adapter) and write report.html, a single "
+                                    "self-contained page with a summary table and the plots. "
+                                    "Malformed lines are skipped and reported as file:line.")
+    rp.add_argument("run", help="a metrics.jsonl file or the directory holding it")
+    rp.add_argument("--out", help="output directory (default: report/ beside the metrics file)")
+    rp.add_argument("--adapters", action="append", metavar="DIR",
+                    help="also list adapter versions found under DIR (default: the run "
+                         "directory only); repeatable")
+    rp.set_defaults(func=_report)
     return ap
 
 
