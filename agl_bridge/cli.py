@@ -1,8 +1,12 @@
 """``agl-bridge``: the pipeline's stages from the shell.
 
-    agl-bridge convert SPANS_DIR OUT.parquet        spans -> transitions, with a summary
-    agl-bridge train OUT.parquet --base-model DIR   one GRPO round -> a new adapter version
-    agl-bridge publish ADAPTER_DIR --base-url URL   load it into a running vLLM and probe it
+    agl-bridge convert SPANS OUT.parquet            spans -> transitions, with a summary
+    agl-bridge train TRACES --base-model DIR        convert and train -> new adapter versions
+    agl-bridge report RUN_DIR                       a run's metrics as plots and one HTML page
+    agl-bridge serve --model DIR                    vLLM with runtime LoRA (one or more replicas)
+    agl-bridge publish ADAPTER_DIR --alias NAME     validate, load, probe, switch the alias
+    agl-bridge rollback NAME v5                     an earlier version live again
+    agl-bridge collect / import / recover           OTLP in, Collector files in, crash recovery
     agl-bridge collect --out DIR                    an OTLP receiver (HTTP 4318, gRPC 4317)
     agl-bridge import FILES_OR_DIRS --out DIR       OTLP/JSON Collector files -> span Parquet
     agl-bridge recover DIR                          write-ahead logs of dead writers -> Parquet
@@ -50,14 +54,16 @@ def _train(args: argparse.Namespace) -> int:
     flags = {"learning_rate": args.learning_rate, "num_train_epochs": args.num_train_epochs,
              "per_device_train_batch_size": args.per_device_train_batch_size,
              "epsilon": args.epsilon, "beta": args.beta, "loss_type": args.loss_type,
-             "lora_r": args.lora_r, "seed": args.seed}
+             "lora_r": args.lora_r, "seed": args.seed, "save_steps": args.save_steps,
+             "max_steps": args.max_steps}
     options.update({k: v for k, v in flags.items() if v is not None})  # flags win over the file
     algorithm = options.pop("algorithm", None) or args.algorithm
     policy = options.pop("policy", None) or args.policy
     init = {args.adapter_name: args.init_adapter} if args.init_adapter else None
     run = train_from_traces(args.traces, args.base_model, algorithm=algorithm, policy=policy,
                             output_dir=args.output_dir, adapter_name=args.adapter_name,
-                            init_adapters=init, **options)
+                            init_adapters=init, resume_from_checkpoint=args.resume or None,
+                            **options)
     if run.conversion is not None:
         print(run.conversion.summary())
     for name, path in run.adapters.items():
@@ -78,11 +84,79 @@ def _read_config(path: str) -> dict:
         raise ValueError(f"{path}: not valid {'TOML' if path.endswith('.toml') else 'JSON'}: "
                          f"{exc}") from exc
 
-def _publish(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.publish import publish_adapter
+def _registry_settings(args: argparse.Namespace) -> dict:
+    """Servers, base model and rank limit: flags, else what ``agl-bridge serve`` recorded."""
+    import json
+    from pathlib import Path
 
-    name = publish_adapter(args.base_url, args.adapter_dir, name=args.name)
-    print(f"published {args.adapter_dir} as {name}")
+    recorded = {}
+    config = Path(args.registry) / "servers.json"
+    if config.exists():
+        recorded = json.loads(config.read_text())
+    servers = args.server or recorded.get("servers")
+    if not servers:
+        raise ValueError(f"no servers: pass --server URL or start them with agl-bridge serve "
+                         f"--registry {args.registry}")
+    return {"servers": servers,
+            "base_model": args.base_model or recorded.get("base_model"),
+            "max_lora_rank": args.max_lora_rank or recorded.get("max_lora_rank")}
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.publish import Publisher, publish_adapter
+
+    if args.alias is None:
+        if not args.server:
+            raise ValueError("pass --alias (with --registry) or --server URL")
+        for server in args.server:
+            name = publish_adapter(server, args.adapter_dir)
+        print(f"published {args.adapter_dir} as {name}")
+        return 0
+    publisher = Publisher(registry=args.registry, **_registry_settings(args))
+    name = publisher.publish(args.adapter_dir, alias=args.alias)
+    print(f"published {args.adapter_dir} as {name}; alias {args.alias} -> {name}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.publish import Publisher
+
+    publisher = Publisher(registry=args.registry, **_registry_settings(args))
+    name = publisher.rollback(args.alias, args.version)
+    print(f"alias {args.alias} -> {name}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import json
+    import signal
+    from pathlib import Path
+
+    from agl_bridge.trainer.vllm_server import VLLMServer
+
+    servers = []
+    try:
+        for i in range(args.replicas):
+            server = VLLMServer(args.model, served_model_name=args.served_model_name,
+                                port=(args.port + i) if args.port else None,
+                                max_model_len=args.max_model_len, max_lora_rank=args.max_lora_rank,
+                                max_loras=args.max_loras,
+                                log_path=Path(args.registry) / f"vllm-{i}.log")
+            Path(args.registry).mkdir(parents=True, exist_ok=True)
+            servers.append(server.start())
+            print(f"replica {i}: {server.base_url} (model {args.served_model_name})", flush=True)
+        (Path(args.registry) / "servers.json").write_text(json.dumps({
+            "servers": [s.base_url for s in servers], "base_model": str(Path(args.model).resolve()),
+            "max_lora_rank": args.max_lora_rank}, indent=2))
+        print(f"registry {args.registry}: agents set AGL_BRIDGE_ALIASES="
+              f"{Path(args.registry).resolve() / 'aliases.json'}; Ctrl-C stops", flush=True)
+        signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for server in servers:
+            server.stop()
     return 0
 
 
@@ -228,13 +302,43 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--loss-type", choices=["grpo", "bnpo", "dapo", "dr_grpo"])
     t.add_argument("--lora-r", type=int)
     t.add_argument("--seed", type=int)
+    t.add_argument("--save-steps", type=int, help="checkpoint every N optimizer steps")
+    t.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --output-dir")
     t.set_defaults(func=_train)
 
-    p = sub.add_parser("publish", help="load an adapter version into a running vLLM")
-    p.add_argument("adapter_dir")
-    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--name", help="served name (default: <adapter name>@v<N>)")
+    def registry_args(parser):
+        parser.add_argument("--registry", default="agl_bridge_registry",
+                            help="alias table, history and recorded servers")
+        parser.add_argument("--server", action="append",
+                            help="a vLLM base URL (repeat for replicas); default: recorded")
+        parser.add_argument("--base-model", help="refuse adapters that do not fit this base")
+        parser.add_argument("--max-lora-rank", type=int, help="the servers' --max-lora-rank")
+
+    p = sub.add_parser("publish", help="validate, load and probe an adapter version, then make "
+                                       "it live behind an alias")
+    p.add_argument("adapter_dir", help="a versioned adapter directory .../<name>/vN")
+    p.add_argument("--alias", help="what agents ask for; without it, only load and probe")
+    registry_args(p)
     p.set_defaults(func=_publish)
+
+    b = sub.add_parser("rollback", help="make an earlier version of an alias live again")
+    b.add_argument("alias")
+    b.add_argument("version", help="v5, 5 or alias@v5")
+    registry_args(b)
+    b.set_defaults(func=_rollback)
+
+    v = sub.add_parser("serve", help="start vLLM with runtime LoRA loading, one or more replicas")
+    v.add_argument("--model", required=True, help="a local model directory")
+    v.add_argument("--served-model-name", default="base")
+    v.add_argument("--replicas", type=int, default=1)
+    v.add_argument("--port", type=int, help="first port (default: free ports)")
+    v.add_argument("--max-model-len", type=int, default=1024)
+    v.add_argument("--max-lora-rank", type=int, default=16)
+    v.add_argument("--max-loras", type=int, default=4)
+    v.add_argument("--registry", default="agl_bridge_registry")
+    v.set_defaults(func=_serve)
 
     r = sub.add_parser("collect", help="an OTLP receiver (HTTP and gRPC) writing span Parquet",
                        description="Receive OTLP traces over HTTP (protobuf or JSON, POST "

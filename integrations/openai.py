@@ -52,6 +52,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from wrapt import ObjectProxy, wrap_function_wrapper
 
 from agl_bridge import semconv as sc
+from agl_bridge.aliases import default_table
 from agl_bridge._version import __version__
 from agl_bridge.capture import CaptureLevel, capture_level
 from agl_bridge.scope import scope_attributes
@@ -137,6 +138,19 @@ class ServerProbe:
             with self._lock:
                 self._kinds.setdefault(base_url, kind)
             return self._kinds[base_url]
+
+
+def _resolve_alias(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Ask for the live version of an alias (``AGL_BRIDGE_ALIASES``): running agents switch to a
+    newly published adapter on their next call, with no code change."""
+    table = default_table()
+    model = kwargs.get("model")
+    if table is None or not isinstance(model, str):
+        return kwargs, None
+    live = table.resolve(model)
+    if live is None or live == model:
+        return kwargs, None
+    return {**kwargs, "model": live}, model
 
 
 class _Call:
@@ -743,11 +757,13 @@ class OpenAIInstrumentor(BaseInstrumentor):
         kind = self.probe.kind(str(instance._client.base_url))
         return _Call(kwargs, level, kind, want_ids=kind == "vllm")
 
-    def _start(self, instance: Any, call: _Call) -> trace.Span:
+    def _start(self, instance: Any, call: _Call, alias: str | None = None) -> trace.Span:
         model = call.kwargs.get("model") if _given(call.kwargs.get("model")) else None
-        return self._tracer.start_span(
-            sc.chat_span_name(model), kind=SpanKind.CLIENT,
-            attributes=_request_attributes(call.kwargs, instance, call))
+        attributes = _request_attributes(call.kwargs, instance, call)
+        if alias is not None:
+            attributes[sc.POLICY_ALIAS] = alias
+        return self._tracer.start_span(sc.chat_span_name(model), kind=SpanKind.CLIENT,
+                                       attributes=attributes)
 
     def _finish(self, span: trace.Span, result: Any, call: _Call) -> Any:
         """Wrap a stream (its span ends with it) or record a response and end the span."""
@@ -771,9 +787,10 @@ class OpenAIInstrumentor(BaseInstrumentor):
     def _sync_create(self, wrapped, instance, args, kwargs):
         if not is_instrumentation_enabled():
             return wrapped(*args, **kwargs)
+        kwargs, alias = _resolve_alias(kwargs)
         level = capture_level()
         call = self._decide(instance, kwargs, level)
-        span = self._start(instance, call)
+        span = self._start(instance, call, alias)
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False,
                                 set_status_on_exception=False):
@@ -787,12 +804,13 @@ class OpenAIInstrumentor(BaseInstrumentor):
     async def _async_create(self, wrapped, instance, args, kwargs):
         if not is_instrumentation_enabled():
             return await wrapped(*args, **kwargs)
+        kwargs, alias = _resolve_alias(kwargs)
         level = capture_level()
         base_url = self._needs_probe(instance, level)
         if base_url is not None:
             await asyncio.to_thread(self.probe.kind, base_url)  # never block the event loop
         call = self._decide(instance, kwargs, level)
-        span = self._start(instance, call)
+        span = self._start(instance, call, alias)
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False,
                                 set_status_on_exception=False):

@@ -1,22 +1,45 @@
-"""Publisher v0: load an adapter version into a running vLLM and check it is served.
+"""Publishing adapter versions into running vLLM servers, behind aliases agents ask for.
 
-Each version is loaded under its own name (``policy@v0003``) from its own directory. vLLM's
-in-place reload of one name is avoided on purpose: it re-reads the adapter from disk on later
-requests and can serve stale prefix-cache blocks (vLLM issues 33791 and 42125).
+``Publisher.publish(adapter_dir, alias="coder")``:
+
+1. **validate** before any server or agent sees it: the directory, a readable
+   ``adapter_config.json``, safetensors weights (a ``.bin`` pickle can run code when loaded: it is
+   refused), a rank within the servers' ``--max-lora-rank``, and a fit to the base model (our
+   metadata's base fingerprint, and the LoRA matrices' shapes against the base weights'
+   safetensors headers);
+2. **load** it into every configured server under its own name (``coder@v7``) from its own
+   directory, never reloading a name in place (vLLM issues 33791 and 42125: an in-place reload
+   re-reads the adapter on later requests and can serve stale prefix cache), and **probe** each;
+3. **switch** the alias in the alias table (``agl_bridge.aliases``): the agents' next calls use
+   the new version;
+4. **unload** superseded versions once no request uses them: a server's own metrics
+   (``vllm:lora_requests_info``, running and waiting adapters) say when.
+
+``rollback(alias, version)`` makes an earlier version live again in one step (loading it again
+if it was unloaded). A registry directory holds the alias table and the history.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agl_bridge.aliases import AliasTable
+
+ALIASES_FILE = "aliases.json"
+HISTORY_FILE = "history.json"
+METADATA_FILE = "agl_bridge_adapter.json"
+
 
 class PublishError(RuntimeError):
-    """The server refused the adapter or did not serve it; the message says which and why."""
+    """The adapter was refused or not served; the message says which and why."""
 
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str]:
@@ -29,30 +52,261 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str]:
         return e.code, e.read().decode(errors="replace")
 
 
-def served_name(adapter_dir: str | os.PathLike[str]) -> str:
-    """``<adapter name>@v<N>`` from a versioned adapter directory ``.../<name>/v000N``."""
+def _root(base_url: str) -> str:
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def served_name(adapter_dir: str | os.PathLike[str], alias: str | None = None) -> str:
+    """``<alias or adapter name>@v<N>`` from a versioned adapter directory ``.../<name>/v000N``."""
     d = Path(adapter_dir).resolve()
-    return f"{d.parent.name}@v{int(d.name.lstrip('v'))}"
+    number = int(d.name.lstrip("v")) if d.name.lstrip("v").isdigit() else None
+    if number is None:
+        raise PublishError(f"{d}: not a versioned adapter directory (expected .../<name>/vN)")
+    return f"{alias or d.parent.name}@v{number}"
+
+
+# -- validation ------------------------------------------------------------------------------
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from a safetensors header (no weights are read)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ValueError("file shorter than a safetensors header")
+        n = int.from_bytes(raw, "little")
+        if n <= 0 or n > 100 * 2**20:
+            raise ValueError(f"implausible header length {n}")
+        header = json.loads(f.read(n))
+    size = path.stat().st_size
+    shapes = {}
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        end = info["data_offsets"][1]
+        if 8 + n + end > size:
+            raise ValueError(f"tensor {key} runs past the end of the file (truncated)")
+        shapes[key] = tuple(info["shape"])
+    return shapes
+
+
+def _base_shapes(base_model: Path) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(base_model.glob("*.safetensors")):
+        shapes.update(_safetensors_shapes(f))
+    return shapes
+
+
+def validate_adapter(adapter_dir: str | os.PathLike[str], *,
+                     base_model: str | os.PathLike[str] | None = None,
+                     max_lora_rank: int | None = None) -> dict[str, Any]:
+    """Refuse an adapter that would fail, or quietly misbehave, once served. Returns its config."""
+    d = Path(adapter_dir)
+    if not d.is_dir():
+        raise PublishError(f"{d}: no such adapter directory")
+    config_path = d / "adapter_config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise PublishError(f"{d}: not a PEFT adapter (no adapter_config.json)") from None
+    except ValueError as exc:
+        raise PublishError(f"{config_path}: not valid JSON ({exc})") from None
+    weights = d / "adapter_model.safetensors"
+    if not weights.exists():
+        if list(d.glob("*.bin")) or list(d.glob("*.pt")):
+            raise PublishError(f"{d}: weights are not safetensors (a pickled .bin/.pt can run "
+                               f"code when loaded); save them with safe_serialization=True")
+        raise PublishError(f"{d}: missing adapter_model.safetensors")
+    try:
+        shapes = _safetensors_shapes(weights)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PublishError(f"{weights}: corrupt safetensors file ({exc})") from None
+    rank = config.get("r")
+    if max_lora_rank is not None and isinstance(rank, int) and rank > max_lora_rank:
+        raise PublishError(f"{d}: LoRA rank {rank} is above the servers' --max-lora-rank "
+                           f"{max_lora_rank}")
+    if base_model is not None:
+        base = Path(base_model)
+        meta_path = d / METADATA_FILE
+        if meta_path.exists():
+            from agl_bridge.trainer.train import base_model_fingerprint
+
+            trained_on = json.loads(meta_path.read_text()).get("base_model_fingerprint")
+            if trained_on and trained_on != base_model_fingerprint(base):
+                raise PublishError(f"{d}: trained on another base model (fingerprint "
+                                   f"{trained_on[:12]}..., serving {base})")
+        base_shapes = _base_shapes(base)
+        for key, shape in shapes.items():
+            m = re.match(r"(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$", key)
+            if not m:
+                continue
+            target = base_shapes.get(f"{m.group(1)}.weight")
+            if target is None:
+                raise PublishError(f"{d}: adapts {m.group(1)}, which the base model {base} "
+                                   f"does not have: trained for another model")
+            dim = shape[1] if m.group(2) == "A" else shape[0]
+            want = target[1] if m.group(2) == "A" else target[0]
+            if dim != want:
+                raise PublishError(f"{d}: {key} has shape {list(shape)}, which does not fit "
+                                   f"{m.group(1)} {list(target)} of the base model: trained "
+                                   f"for another model")
+    return config
+
+
+def load_and_probe(servers: list[str], name: str, directory: Path, timeout_s: float = 60.0
+                   ) -> None:
+    """Load ``directory`` as ``name`` into every server, and check each answers a request to it."""
+    for server in servers:
+        status, text = _post(f"{_root(server)}/v1/load_lora_adapter",
+                             {"lora_name": name, "lora_path": str(directory)}, timeout_s)
+        if status != 200 and "already" not in text.lower():
+            raise PublishError(f"{_root(server)} refused adapter {name} from {directory}: "
+                               f"HTTP {status}: {text.strip()[:500]}")
+        status, text = _post(f"{_root(server)}/v1/chat/completions", {
+            "model": name, "max_tokens": 1,
+            "messages": [{"role": "user", "content": "ping"}]}, timeout_s)
+        if status != 200 or json.loads(text).get("model") != name:
+            raise PublishError(f"adapter {name} loaded into {_root(server)} but the probe "
+                               f"request failed: HTTP {status}: {text.strip()[:500]}")
+
+
+# -- the publisher ---------------------------------------------------------------------------
+@dataclass
+class Version:
+    name: str
+    directory: str
+    published_unix: float
+    state: str = "live"  # live | retired (superseded, maybe still busy) | unloaded
+    retired_unix: float | None = None
+
+
+@dataclass
+class Publisher:
+    """Loads adapter versions into ``servers`` and keeps the alias table of ``registry``."""
+
+    servers: list[str]
+    registry: Path
+    base_model: str | os.PathLike[str] | None = None
+    max_lora_rank: int | None = None
+    timeout_s: float = 60.0
+    # A client may have resolved the old version just before the switch, its request not yet
+    # at the server (where metrics would show it): retired versions wait this long first.
+    drain_s: float = 5.0
+    history: dict[str, list[Version]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.registry = Path(self.registry)
+        self.registry.mkdir(parents=True, exist_ok=True)
+        self.table = AliasTable(self.registry / ALIASES_FILE)
+        path = self.registry / HISTORY_FILE
+        if path.exists():
+            raw = json.loads(path.read_text())
+            self.history = {a: [Version(**v) for v in vs] for a, vs in raw.items()}
+
+    def _save_history(self) -> None:
+        tmp = self.registry / f".{HISTORY_FILE}.{os.getpid()}"
+        tmp.write_text(json.dumps({a: [v.__dict__ for v in vs] for a, vs in
+                                   self.history.items()}, indent=2))
+        os.replace(tmp, self.registry / HISTORY_FILE)
+
+    def live(self, alias: str) -> str | None:
+        return self.table.read().get("aliases", {}).get(alias)
+
+    def _load_everywhere(self, name: str, directory: Path) -> None:
+        load_and_probe(self.servers, name, directory, self.timeout_s)
+
+    def _switch(self, alias: str, name: str) -> None:
+        aliases = dict(self.table.read().get("aliases", {}))
+        aliases[alias] = name
+        self.table.write(aliases)
+
+    def publish(self, adapter_dir: str | os.PathLike[str], *, alias: str | None = None) -> str:
+        """Validate, load and probe on every server, then make it the alias's live version.
+        Returns the served name (``alias@vN``)."""
+        directory = Path(adapter_dir).resolve()
+        validate_adapter(directory, base_model=self.base_model, max_lora_rank=self.max_lora_rank)
+        alias = alias or directory.parent.name
+        name = served_name(directory, alias)
+        self._load_everywhere(name, directory)
+        versions = self.history.setdefault(alias, [])
+        self._retire(versions)
+        versions[:] = [v for v in versions if v.name != name]
+        versions.append(Version(name, str(directory), time.time()))
+        self._switch(alias, name)
+        self._save_history()
+        self.collect()
+        return name
+
+    def rollback(self, alias: str, version: str | int) -> str:
+        """Make ``version`` (``coder@v5``, ``v5`` or ``5``) of ``alias`` live again."""
+        number = str(version).split("@v")[-1].lstrip("v")
+        name = f"{alias}@v{number}"
+        versions = self.history.get(alias, [])
+        chosen = next((v for v in versions if v.name == name), None)
+        if chosen is None:
+            known = ", ".join(v.name for v in versions) or "none"
+            raise PublishError(f"{name} was never published (published: {known})")
+        if chosen.state == "unloaded":
+            self._load_everywhere(name, Path(chosen.directory))
+        self._retire(versions)
+        chosen.state, chosen.retired_unix = "live", None
+        self._switch(alias, name)
+        self._save_history()
+        self.collect()
+        return name
+
+    @staticmethod
+    def _retire(versions: list[Version]) -> None:
+        for v in versions:
+            if v.state == "live":
+                v.state, v.retired_unix = "retired", time.time()
+
+    def busy(self) -> set[str]:
+        """Adapters with running or waiting requests on any server (vLLM's own metrics)."""
+        names: set[str] = set()
+        for server in self.servers:
+            try:
+                with urllib.request.urlopen(f"{_root(server)}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+            except OSError:
+                return {v.name for vs in self.history.values() for v in vs}  # unsure: all busy
+            lines = [line for line in text.splitlines()
+                     if line.startswith("vllm:lora_requests_info{")]
+            if lines:
+                latest = max(lines, key=lambda line: float(line.rsplit(" ", 1)[1]))
+                for label in ("running_lora_adapters", "waiting_lora_adapters"):
+                    m = re.search(label + r'="([^"]*)"', latest)
+                    if m and m.group(1):
+                        names.update(m.group(1).split(","))
+        return names
+
+    def collect(self) -> list[str]:
+        """Unload retired versions past their drain time that no request uses any more (the
+        servers' metrics); returns those unloaded."""
+        now = time.time()
+        retired = [v for vs in self.history.values() for v in vs if v.state == "retired"
+                   and now - (v.retired_unix or 0.0) >= self.drain_s]
+        if not retired:
+            return []
+        busy = self.busy()
+        done = []
+        for v in retired:
+            if v.name in busy:
+                continue
+            for server in self.servers:
+                _post(f"{_root(server)}/v1/unload_lora_adapter", {"lora_name": v.name},
+                      self.timeout_s)
+            v.state = "unloaded"
+            done.append(v.name)
+        if done:
+            self._save_history()
+        return done
 
 
 def publish_adapter(base_url: str, adapter_dir: str | os.PathLike[str], *,
                     name: str | None = None, timeout_s: float = 60.0) -> str:
-    """Load ``adapter_dir`` into the vLLM at ``base_url`` (``http://host:port``, with or without
-    ``/v1``) and probe it with a one-token request. Returns the served name."""
-    adapter_dir = Path(adapter_dir).resolve()
-    if not (adapter_dir / "adapter_config.json").exists():
-        raise PublishError(f"{adapter_dir}: not a PEFT adapter directory (no adapter_config.json)")
-    name = name or served_name(adapter_dir)
-    root = base_url.rstrip("/").removesuffix("/v1")
-    status, text = _post(f"{root}/v1/load_lora_adapter",
-                         {"lora_name": name, "lora_path": str(adapter_dir)}, timeout_s)
-    if status != 200:
-        raise PublishError(f"vLLM at {root} refused adapter {name} from {adapter_dir}: "
-                           f"HTTP {status}: {text.strip()[:500]}")
-    status, text = _post(f"{root}/v1/chat/completions", {
-        "model": name, "max_tokens": 1,
-        "messages": [{"role": "user", "content": "ping"}]}, timeout_s)
-    if status != 200 or json.loads(text).get("model") != name:
-        raise PublishError(f"adapter {name} loaded but the probe request failed: "
-                           f"HTTP {status}: {text.strip()[:500]}")
+    """Load one version into one server under ``name`` (default ``<adapter>@vN``) and probe it,
+    without touching any alias (the thin loop and tests use it)."""
+    directory = Path(adapter_dir).resolve()
+    validate_adapter(directory)
+    name = name or served_name(directory)
+    load_and_probe([base_url], name, directory, timeout_s)
     return name
