@@ -566,7 +566,19 @@ class _StreamRecorder:
             span.end()
 
 
-class _StreamProxy(ObjectProxy):
+class _EndsWhenCollected:
+    """A stream the caller drops unfinished still ends its span, when it is collected."""
+
+    def __del__(self) -> None:
+        recorder = getattr(self, "_self_recorder", None)
+        if recorder is not None:
+            try:
+                recorder.end()
+            except Exception:  # pragma: no cover - e.g. at interpreter shutdown
+                pass
+
+
+class _StreamProxy(_EndsWhenCollected, ObjectProxy):
     """The SDK's ``Stream`` as the caller knows it, recording each chunk on the span."""
 
     def __init__(self, wrapped: Any, recorder: _StreamRecorder) -> None:
@@ -600,16 +612,9 @@ class _StreamProxy(ObjectProxy):
         finally:
             self._self_recorder.end()
 
-    def __del__(self) -> None:
-        recorder = getattr(self, "_self_recorder", None)
-        if recorder is not None:
-            try:
-                recorder.end()
-            except Exception:  # pragma: no cover - e.g. at interpreter shutdown
-                pass
 
 
-class _AsyncStreamProxy(ObjectProxy):
+class _AsyncStreamProxy(_EndsWhenCollected, ObjectProxy):
     """The SDK's ``AsyncStream`` as the caller knows it, recording each chunk on the span."""
 
     def __init__(self, wrapped: Any, recorder: _StreamRecorder) -> None:
@@ -646,13 +651,6 @@ class _AsyncStreamProxy(ObjectProxy):
     async def aclose(self) -> None:
         await self.close()
 
-    def __del__(self) -> None:
-        recorder = getattr(self, "_self_recorder", None)
-        if recorder is not None:
-            try:
-                recorder.end()
-            except Exception:  # pragma: no cover - e.g. at interpreter shutdown
-                pass
 
 
 class _RawResponseProxy(ObjectProxy):
