@@ -1,0 +1,315 @@
+"""Spans per second, bytes on disk and peak memory of the span export path, ours next to the
+SDK's own file exporter.
+
+Why: every LLM call becomes a ``chat`` span carrying a few hundred token ids and logprobs, and
+those spans leave the process through a ``BatchSpanProcessor`` into an exporter. If the exporter
+is slower than the agents produce spans, the processor's queue fills and spans are dropped (or
+memory grows); if files are large, disks fill. This measures, for N synthetic ``chat`` spans
+shaped like ours (200 prompt ids, 50 completion ids, 50 logprobs, the usual ``gen_ai.*`` and
+scope attributes), each exporter in its own fresh subprocess:
+
+* ``discard``: an exporter that drops spans (the floor: span creation + batch processor);
+* ``ours``: ``ParquetSpanExporter`` into a temp dir (write-ahead log fsynced per batch, one
+  Parquet file at shutdown);
+* ``peer``: the SDK's ``ConsoleSpanExporter(out=open(path, "w"))``, i.e. span JSON to a file,
+  the simplest way the SDK itself writes spans to disk.
+
+Each exporter runs two ways, each in fresh processes:
+
+* ``free``: the producer creates spans as fast as it can and the processor's queue is sized to
+  N, so that no span is dropped (checked: every span must reach the exporter and the disk).
+  This gives throughput; a slower exporter leaves more spans queued, so its peak RSS here
+  mostly measures the backlog of queued spans (about 10 KiB each), not the exporter.
+* ``bounded``: the queue has the SDK's default size (2048) and the producer calls
+  ``force_flush`` every 2048 spans, so the backlog never exceeds 2048 spans; peak RSS here is
+  the exporter's own footprint plus at most 2048 spans.
+
+Reported: spans/s end to end (first span started to ``provider.shutdown()`` returned, so the
+final flush and file write are included), the time spent inside ``export()`` alone (as
+spans/s), bytes on disk per span after shutdown, and peak RSS (``resource.getrusage``) with its
+increase over the RSS measured after imports and set-up.
+
+Run: ``.venv/bin/python benchmarks/parquet_export.py [--quick] [--json PATH] [-n N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
+EXPORTERS = {
+    "discard": "floor: discard exporter (span creation + BatchSpanProcessor)",
+    "ours": "ours: ParquetSpanExporter",
+    "peer": "peer: SDK ConsoleSpanExporter -> JSON file",
+}
+PROMPT_IDS, COMPLETION_IDS = 200, 50
+BOUNDED_QUEUE = 2048  # the SDK's default max_queue_size
+PACINGS = {
+    "free": "free-running producer, queue sized to N (throughput)",
+    "bounded": f"producer flushes every {BOUNDED_QUEUE} spans, queue {BOUNDED_QUEUE} (memory)",
+}
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def worker(kind: str, n: int, pacing: str) -> dict:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SpanExporter,
+        SpanExportResult,
+    )
+    from opentelemetry.trace import SpanKind
+
+    tmp = Path(tempfile.mkdtemp(prefix="agl-bench-export-"))
+    spent = [0.0, 0]  # seconds inside export(), spans exported
+
+    def counted(cls):
+        class Counted(cls):
+            def export(self, spans):
+                t0 = time.perf_counter()
+                result = super().export(spans)
+                spent[0] += time.perf_counter() - t0
+                spent[1] += len(spans)
+                return result
+        return Counted
+
+    class Discard(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    out_file = None
+    if kind == "discard":
+        exporter = counted(Discard)()
+    elif kind == "ours":
+        from agl_bridge.otel.parquet_exporter import ParquetSpanExporter
+
+        exporter = counted(ParquetSpanExporter)(tmp / "traces")
+    elif kind == "peer":
+        out_file = open(tmp / "spans.json", "w")
+        exporter = counted(ConsoleSpanExporter)(out=out_file)
+    else:
+        raise SystemExit(f"unknown exporter {kind}")
+    provider = TracerProvider(resource=Resource.create({"service.name": "bench-team"}))
+    bounded = pacing == "bounded"
+    provider.add_span_processor(BatchSpanProcessor(
+        exporter, max_queue_size=BOUNDED_QUEUE if bounded else max(BOUNDED_QUEUE, n)))
+    tracer = provider.get_tracer("bench.parquet_export")
+
+    # Token ids drawn uniformly from a 150k vocabulary and logprobs uniform in (-5, 0], read as
+    # windows at random offsets of 1M-long pools: no two spans share a sequence, so Parquet
+    # cannot compress repeats that real traces would not have (real prompts share prefixes and
+    # token frequencies are skewed, so real files compress better than these).
+    rng = random.Random(7)
+    pool_len = 1 << 20
+    pool = array("i", (rng.randrange(3, 150_000) for _ in range(pool_len)))
+    lp_pool = array("d", (-rng.random() * 5 for _ in range(pool_len)))
+    offsets = [rng.randrange(0, pool_len - PROMPT_IDS - 1) for _ in range(n)]
+    episodes = [f"ep-{i:06d}" for i in range(max(1, n // 8))]
+    rss_setup = _rss_mib()
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        o = offsets[i]
+        attrs = {
+            "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": "team@v3", "gen_ai.request.temperature": 1.0,
+            "gen_ai.request.max_tokens": 64, "gen_ai.response.id": f"chatcmpl-{i:08x}",
+            "gen_ai.response.model": "team@v3", "gen_ai.response.finish_reasons": ("stop",),
+            "gen_ai.usage.input_tokens": PROMPT_IDS, "gen_ai.usage.output_tokens": COMPLETION_IDS,
+            "server.address": "127.0.0.1", "server.port": 8000,
+            "gen_ai.agent.name": "solver" if i % 2 else "critic",
+            "agl_bridge.agent.role": "worker", "agl_bridge.episode.id": episodes[i // 8],
+            "agl_bridge.task.id": f"task-{(i // 64):05d}", "agl_bridge.turn.index": (i % 8) // 2,
+            "agl_bridge.policy.version": "team@v3", "agl_bridge.llm.server": "vllm",
+            "agl_bridge.llm.stream": False, "agl_bridge.llm.token_ids": "recorded",
+            "agl_bridge.llm.prompt_token_ids": pool[o:o + PROMPT_IDS].tolist(),
+            "agl_bridge.llm.completion_token_ids":
+                pool[o + PROMPT_IDS - COMPLETION_IDS:o + PROMPT_IDS].tolist(),
+            "agl_bridge.llm.completion_logprobs": lp_pool[o:o + COMPLETION_IDS].tolist(),
+        }
+        span = tracer.start_span("chat team@v3", kind=SpanKind.CLIENT, attributes=attrs)
+        span.end()
+        if bounded and (i + 1) % BOUNDED_QUEUE == 0:
+            provider.force_flush()  # the queue never holds more than BOUNDED_QUEUE spans
+    t_produced = time.perf_counter()
+    provider.shutdown()  # drains the queue; ours writes its Parquet file here
+    if out_file is not None:
+        out_file.close()
+    t_done = time.perf_counter()
+
+    if kind == "ours":
+        files = [p for p in (tmp / "traces").rglob("*") if p.is_file()]
+        wal_left = [p for p in files if "_wal" in p.parts]
+        data = [p for p in files if p.suffix == ".parquet"]
+        import pyarrow.parquet as pq
+
+        import pyarrow as pa
+
+        arrow_peak = pa.default_memory_pool().max_memory() / 2**20
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in data)
+        size = sum(p.stat().st_size for p in data)
+        check = (f"{rows} rows in {len(data)} Parquet file(s), {len(wal_left)} WAL files left, "
+                 f"Arrow memory pool peak {arrow_peak:.0f} MiB")
+    elif kind == "peer":
+        size = (tmp / "spans.json").stat().st_size
+        check = f"{size} bytes of JSON"
+        rows = spent[1]
+    else:
+        size, rows, check = 0, spent[1], ""
+    shutil.rmtree(tmp, ignore_errors=True)
+    total = t_done - t0
+    return {"exporter": kind, "pacing": pacing, "spans": n, "exported": spent[1], "rows_on_disk": rows,
+            "seconds_total": total, "seconds_producing": t_produced - t0,
+            "seconds_draining": t_done - t_produced, "seconds_in_export": spent[0],
+            "spans_per_s": n / total,
+            "export_only_spans_per_s": spent[1] / spent[0] if spent[0] else None,
+            "bytes_per_span": size / n, "rss_after_setup_mib": rss_setup,
+            "peak_rss_mib": _rss_mib(), "check": check}
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("AGL_BRIDGE_", "OTEL_", "PYTHON"))}
+
+
+def run_worker(kind: str, n: int, pacing: str) -> dict:
+    r = subprocess.run([sys.executable, str(HERE), "--worker", kind, str(n), pacing],
+                       capture_output=True, text=True, env=_clean_env(), cwd=REPO, timeout=1800)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    if r.returncode != 0 or not lines:
+        err = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"exporter": kind, "pacing": pacing, "error": f"rc {r.returncode}: {err}"}
+    return json.loads(lines[-1])
+
+
+def summarize(results: list[dict]) -> dict:
+    out: dict = {}
+    for pacing in PACINGS:
+        out[pacing] = {}
+        for kind in EXPORTERS:
+            mine = [r for r in results if r["exporter"] == kind and r["pacing"] == pacing]
+            ok = [r for r in mine if "error" not in r]
+            cell: dict = {"processes": len(ok),
+                          "errors": sorted({r["error"] for r in mine if "error" in r})}
+            for key in ("spans_per_s", "export_only_spans_per_s", "bytes_per_span",
+                        "peak_rss_mib", "rss_after_setup_mib", "seconds_producing",
+                        "seconds_draining"):
+                xs = [r[key] for r in ok if r.get(key) is not None]
+                if xs:
+                    cell[key] = {"median": statistics.median(xs), "min": min(xs),
+                                 "max": max(xs)}
+            over = [r["peak_rss_mib"] - r["rss_after_setup_mib"] for r in ok]
+            if over:
+                cell["rss_over_setup_mib"] = {"median": statistics.median(over),
+                                              "min": min(over), "max": max(over)}
+            cell["all_exported"] = bool(ok) and all(r["exported"] == r["spans"]
+                                                    and r["rows_on_disk"] == r["spans"]
+                                                    for r in ok)
+            cell["check"] = ok[0]["check"] if ok else ""
+            out[pacing][kind] = cell
+    return out
+
+
+def print_table(summary: dict, meta: dict) -> None:
+    print(f"\nspan export path: {meta['spans']} chat spans ({PROMPT_IDS} prompt ids, "
+          f"{COMPLETION_IDS} completion ids, {COMPLETION_IDS} logprobs, 23 attributes) through "
+          f"BatchSpanProcessor; {meta['processes']} fresh process(es) per cell, medians "
+          f"[min..max]")
+    print(f"machine: {meta['machine']}")
+    cols = ("spans/s end to end", "export() only, spans/s", "bytes/span", "peak RSS MiB",
+            "RSS over set-up, MiB")
+    w = 44
+
+    def cell(c: dict, key: str, fmt: str, sign: str = "") -> str:
+        s = c.get(key)
+        if not s:
+            return "-"
+        return (f"{s['median']:{sign}{fmt}} [{s['min']:{sign}{fmt}}..{s['max']:{sign}{fmt}}]")
+
+    short = {"discard": "floor: discard exporter", "ours": "ours: ParquetSpanExporter",
+             "peer": "peer: SDK ConsoleSpanExporter, file"}
+    for pacing, what in PACINGS.items():
+        print(f"\n{pacing}: {what}")
+        print(f"{'':{w}}" + "".join(f"{c:>24}" for c in cols))
+        for kind in EXPORTERS:
+            c = summary[pacing][kind]
+            if not c["processes"]:
+                print(f"{short[kind]:{w}}failed: {c['errors'][0] if c['errors'] else '?'}")
+                continue
+            print(f"{short[kind]:{w}}"
+                  f"{cell(c, 'spans_per_s', '.0f'):>24}"
+                  f"{cell(c, 'export_only_spans_per_s', '.0f') if kind != 'discard' else '-':>24}"
+                  f"{cell(c, 'bytes_per_span', '.0f') if kind != 'discard' else '-':>24}"
+                  f"{cell(c, 'peak_rss_mib', '.0f'):>24}"
+                  f"{cell(c, 'rss_over_setup_mib', '.0f', '+'):>24}")
+    print()
+    for pacing in PACINGS:
+        for kind in EXPORTERS:
+            c = summary[pacing][kind]
+            if c["processes"]:
+                prod, drain = c["seconds_producing"]["median"], c["seconds_draining"]["median"]
+                print(f"  {pacing} {kind}: producing {prod:.2f} s + draining at shutdown "
+                      f"{drain:.2f} s; every span exported and on disk: {c['all_exported']}"
+                      + (f" ({c['check']})" if c["check"] else ""))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="5,000 spans, 1 process per exporter and pacing")
+    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
+    ap.add_argument("-n", type=int, help="spans per process (default 40,000: "
+                    "ours rotates one file at 64 MiB of Arrow data, about 38k spans)")
+    ap.add_argument("--processes", type=int,
+                    help="fresh processes per exporter and pacing (default 3)")
+    ap.add_argument("--worker", nargs=3, metavar=("EXPORTER", "N", "PACING"),
+                    help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.worker[2])),
+              flush=True)
+        return
+    n = args.n or (5_000 if args.quick else 40_000)
+    processes = args.processes or (1 if args.quick else 3)
+    t0 = time.monotonic()
+    meta = {"spans": n, "processes": processes,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+                       f"{platform.python_version()}, load avg at start {os.getloadavg()[0]:.1f}"}
+    results = []
+    for rnd in range(processes):
+        order = [(kind, pacing) for kind in EXPORTERS for pacing in PACINGS]
+        random.shuffle(order)
+        for kind, pacing in order:
+            results.append(run_worker(kind, n, pacing))
+        print(f"round {rnd + 1}/{processes} done ({time.monotonic() - t0:.0f} s)",
+              file=sys.stderr, flush=True)
+    meta["seconds"] = round(time.monotonic() - t0)
+    summary = summarize(results)
+    print_table(summary, meta)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"benchmark": "parquet_export", "meta": meta, "labels": EXPORTERS, "pacings": PACINGS,
+             "summary": summary, "processes": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
