@@ -160,9 +160,8 @@ def worker(kind: str, n: int, pacing: str) -> dict:
         files = [p for p in (tmp / "traces").rglob("*") if p.is_file()]
         wal_left = [p for p in files if "_wal" in p.parts]
         data = [p for p in files if p.suffix == ".parquet"]
-        import pyarrow.parquet as pq
-
         import pyarrow as pa
+        import pyarrow.parquet as pq
 
         arrow_peak = pa.default_memory_pool().max_memory() / 2**20
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in data)
@@ -177,7 +176,8 @@ def worker(kind: str, n: int, pacing: str) -> dict:
         size, rows, check = 0, spent[1], ""
     shutil.rmtree(tmp, ignore_errors=True)
     total = t_done - t0
-    return {"exporter": kind, "pacing": pacing, "spans": n, "exported": spent[1], "rows_on_disk": rows,
+    return {"exporter": kind, "pacing": pacing, "spans": n, "exported": spent[1],
+            "rows_on_disk": rows,
             "seconds_total": total, "seconds_producing": t_produced - t0,
             "seconds_draining": t_done - t_produced, "seconds_in_export": spent[0],
             "spans_per_s": n / total,
