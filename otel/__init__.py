@@ -1,9 +1,25 @@
-"""Capture side: tracer setup and exporters (``agl_bridge.otel``)."""
+"""Capture side: tracer setup, exporters, the OTLP receiver (``agl_bridge.otel``).
 
-from agl_bridge.otel.parquet_exporter import ParquetSpanExporter, spans_to_table
-from agl_bridge.otel.parquet_writer import SpanParquetWriter
-from agl_bridge.otel.rows import build_row, span_to_row
-from agl_bridge.otel.setup import configure_tracing
+Attributes load on first use (PEP 562), so ``AGL_BRIDGE_AUTO`` start-up does not import
+pyarrow until a span is about to be exported.
+"""
 
-__all__ = ["ParquetSpanExporter", "SpanParquetWriter", "build_row", "configure_tracing",
-           "span_to_row", "spans_to_table"]
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "ParquetSpanExporter": "agl_bridge.otel.parquet_exporter",
+    "spans_to_table": "agl_bridge.otel.parquet_exporter",
+    "SpanParquetWriter": "agl_bridge.otel.parquet_writer",
+    "build_row": "agl_bridge.otel.rows",
+    "span_to_row": "agl_bridge.otel.rows",
+    "configure_tracing": "agl_bridge.otel.setup",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agl_bridge.otel' has no attribute {name!r}")

@@ -64,14 +64,14 @@ def _pid_alive(pid: int) -> bool:
 
 @dataclass
 class _Log:
-    """One partition's open write-ahead log and the batches it holds (kept for rotation)."""
+    """One partition's open write-ahead log. Its batches live on disk only: rotation reads the
+    log back (memory-mapped), so memory does not grow with the file size."""
 
     partition: str
     path: Path
     file: Any
     writer: pa.ipc.RecordBatchStreamWriter
     opened: float = field(default_factory=time.monotonic)
-    tables: list[pa.Table] = field(default_factory=list)
     rows: int = 0
     bytes: int = 0
 
@@ -122,7 +122,6 @@ class SpanParquetWriter:
                 log.writer.write_table(table)
                 log.file.flush()
                 os.fsync(log.file.fileno())
-                log.tables.append(table)
                 log.rows += table.num_rows
                 log.bytes += table.nbytes
                 if log.rows >= self.max_file_rows or log.bytes >= self.max_file_bytes:
@@ -148,7 +147,9 @@ class SpanParquetWriter:
         del self._logs[log.partition]
         log.writer.close()
         log.file.close()
-        self._write_parquet(pa.concat_tables(log.tables), log.partition)
+        with pa.memory_map(str(log.path)) as source:
+            table = pa.ipc.open_stream(source).read_all()
+            self._write_parquet(table, log.partition)
         log.path.unlink(missing_ok=True)
 
     def _write_parquet(self, table: pa.Table, partition: str) -> None:

@@ -34,11 +34,17 @@ def _fit(value: Any, typ: pa.DataType) -> tuple[bool, Any]:
         return (isinstance(value, float)
                 or (_is_int(value) and abs(value) <= _FLOAT_EXACT_INT)), value
     if pa.types.is_list(typ) and isinstance(value, (tuple, list)):
+        # whole-list checks in C (set of types, min, max): token id lists are hundreds long and
+        # this runs for every span exported
+        if not value:
+            return True, []
+        kinds = set(map(type, value))
         if pa.types.is_int32(typ.value_type):
-            ok = all(_is_int(x) and _INT32_MIN <= x <= _INT32_MAX for x in value)
+            ok = kinds == {int} and _INT32_MIN <= min(value) and max(value) <= _INT32_MAX
         else:
-            ok = all(isinstance(x, float) or (_is_int(x) and abs(x) <= _FLOAT_EXACT_INT)
-                     for x in value)
+            ok = kinds <= {float, int} and (
+                int not in kinds or max(abs(x) for x in value if type(x) is int)
+                <= _FLOAT_EXACT_INT)
         return ok, list(value)
     return False, None
 

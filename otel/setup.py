@@ -30,7 +30,6 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from agl_bridge import _lazy
-from agl_bridge.otel.parquet_exporter import ParquetSpanExporter
 from agl_bridge.otel.processors import ScopeSpanProcessor
 
 logger = logging.getLogger(__name__)
@@ -55,23 +54,35 @@ def otlp_exporter() -> SpanExporter:
     return OTLPSpanExporter()
 
 
-def exporters_from_env() -> list[SpanExporter]:
+def _parquet_exporter(directory=None) -> SpanExporter:
+    from agl_bridge.otel.parquet_exporter import ParquetSpanExporter  # pyarrow: when needed
+
+    return ParquetSpanExporter(directory)
+
+
+_MAKERS: dict[str, Callable[[], SpanExporter]] = {
+    "parquet": _parquet_exporter, "otlp": otlp_exporter,
+    "otlp_proto_grpc": otlp_exporter, "otlp_proto_http": otlp_exporter,
+    "console": ConsoleSpanExporter,
+}
+
+
+def exporter_names_from_env() -> list[str]:
     """``OTEL_TRACES_EXPORTER``: comma-separated ``parquet`` (default), ``otlp``, ``console``,
     ``none``; ``both`` means ``otlp,parquet``. An unknown name is an error naming it."""
     raw = os.environ.get(EXPORTER_ENV, "").strip() or DEFAULT_EXPORTERS
     names = [n.strip().lower() for n in raw.split(",") if n.strip()]
     if names == ["both"]:
         names = ["otlp", "parquet"]
-    makers: dict[str, Callable[[], SpanExporter]] = {
-        "parquet": ParquetSpanExporter, "otlp": otlp_exporter,
-        "otlp_proto_grpc": otlp_exporter, "otlp_proto_http": otlp_exporter,
-        "console": ConsoleSpanExporter,
-    }
-    unknown = [n for n in names if n not in makers and n != "none"]
+    unknown = [n for n in names if n not in _MAKERS and n != "none"]
     if unknown:
         raise ValueError(f"{EXPORTER_ENV}={raw!r}: unknown exporter(s) {unknown}; "
-                         f"expected {sorted(makers)} or 'none'")
-    return [makers[n]() for n in names if n != "none"]
+                         f"expected {sorted(_MAKERS)} or 'none'")
+    return [n for n in names if n != "none"]
+
+
+def exporters_from_env() -> list[SpanExporter]:
+    return [_MAKERS[n]() for n in exporter_names_from_env()]
 
 
 def _add_scope_processor(provider: TracerProvider) -> None:
@@ -111,7 +122,7 @@ def configure_tracing(
         trace.set_tracer_provider(provider)
     _add_scope_processor(provider)
     if parquet_dir is not None:
-        provider.add_span_processor(_processor(ParquetSpanExporter(Path(parquet_dir)), batch))
+        provider.add_span_processor(_processor(_parquet_exporter(Path(parquet_dir)), batch))
     if otlp:
         provider.add_span_processor(_processor(otlp_exporter(), batch))
     return provider
@@ -120,8 +131,11 @@ def configure_tracing(
 class DeferredTracing:
     """The zero-code setup: processors waiting for a provider (see the module docstring)."""
 
-    def __init__(self, processors: list[SpanProcessor], service_name: str | None = None) -> None:
-        self.processors = processors
+    def __init__(self, processors: list[SpanProcessor] | Callable[[], list[SpanProcessor]],
+                 service_name: str | None = None) -> None:
+        # a callable builds the processors (and their exporters) only when they are joined
+        self._make = processors if callable(processors) else (lambda: processors)
+        self.processors: list[SpanProcessor] = []
         self.service_name = service_name
         self.provider: TracerProvider | None = None  # where our processors ended up
         self.owned = False  # True when we installed our own provider
@@ -139,6 +153,7 @@ class DeferredTracing:
 
     def _join(self, provider: TracerProvider) -> None:
         _add_scope_processor(provider)
+        self.processors = self._make()
         for p in self.processors:
             provider.add_span_processor(p)
         self.provider = provider
@@ -213,9 +228,11 @@ class EnsuringTracerProvider(trace.TracerProvider):
 
 
 def configure_deferred(service_name: str | None = None) -> DeferredTracing:
-    """Zero-code start-up: exporters from the environment, attached when a provider exists."""
-    processors = [_processor(e, batch=True) for e in exporters_from_env()]
-    return DeferredTracing(processors, service_name).start()
+    """Zero-code start-up: exporters from the environment (names checked now, exporters built
+    when a provider is joined or installed), attached when a provider exists."""
+    names = exporter_names_from_env()
+    return DeferredTracing(lambda: [_processor(_MAKERS[n](), batch=True) for n in names],
+                           service_name).start()
 
 
 def warn(message: str) -> None:
