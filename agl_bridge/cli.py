@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--retokenize", metavar="TOKENIZER_DIR",
                    help="rebuild ids from captured messages for spans without them (flagged), "
                         "and count disagreements with recorded ids")
-    c.add_argument("--max-rows-in-memory", type=int, default=500_000,
+    c.add_argument("--max-rows-in-memory", type=int, default=100_000,
                    help="past this many span rows, convert bucket by bucket (flat memory)")
     c.set_defaults(func=_convert)
 

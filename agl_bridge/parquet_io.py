@@ -62,8 +62,13 @@ def iter_parquet_files(source: str | os.PathLike[str] | Iterable[str | os.PathLi
             raise FileNotFoundError(f"no such file or directory: {p}")
 
 
-def read_checked(path: Path, required: Sequence[str]) -> pa.Table:
-    """Read one file, refusing it with a message naming the file and the missing column."""
+def read_checked(path: Path, required: Sequence[str],
+                 columns: Sequence[str] | None = None) -> pa.Table:
+    """Read one file, refusing it with a message naming the file and the missing column.
+
+    ``columns``: read only these (those the file has), skipping e.g. JSON blobs a reader does
+    not use; Parquet is columnar, so the others are never decoded.
+    """
     schema = pq.read_schema(path)
     missing = [c for c in required if c not in schema.names]
     if missing:
@@ -71,4 +76,6 @@ def read_checked(path: Path, required: Sequence[str]) -> pa.Table:
             f"{path}: missing required column(s) {', '.join(repr(c) for c in missing)}"
             f" (has: {', '.join(schema.names)})"
         )
+    if columns is not None:
+        return pq.read_table(path, columns=[c for c in columns if c in schema.names])
     return pq.read_table(path)

@@ -437,11 +437,12 @@ def _build_table(llm: pa.Table, singles: list[dict], merged: list[dict], keys: l
 
 # -- the IO edge ------------------------------------------------------------------------------
 def read_spans(source: str | os.PathLike[str] | list[str | os.PathLike[str]],
-               stats: ConversionStats | None = None) -> pa.Table:
+               stats: ConversionStats | None = None,
+               columns: list[str] | None = None) -> pa.Table:
     """Span Parquet (file, directory tree or list) as one table. A file that lacks a required
     column is refused by name; a file that cannot be read at all (truncated, not Parquet) is
     counted in ``stats`` and skipped when ``stats`` is given, else it raises."""
-    return pa.concat_tables(list(_read_tables(source, stats)) or [_empty()],
+    return pa.concat_tables(list(_read_tables(source, stats, columns)) or [_empty()],
                             promote_options="default")
 
 
@@ -449,13 +450,14 @@ def _empty() -> pa.Table:
     return SPAN_SCHEMA.empty_table()
 
 
-def _read_tables(source, stats: ConversionStats | None) -> Iterator[pa.Table]:
+def _read_tables(source, stats: ConversionStats | None,
+                 columns: list[str] | None = None) -> Iterator[pa.Table]:
     files = list(iter_parquet_files(source))
     if not files:
         raise FileNotFoundError(f"no span Parquet files under {source}")
     for path in files:
         try:
-            table = read_checked(path, REQUIRED_SPAN_COLUMNS)
+            table = read_checked(path, REQUIRED_SPAN_COLUMNS, columns)
         except SchemaError:
             raise
         except (pa.ArrowInvalid, OSError) as exc:
@@ -491,7 +493,7 @@ def _bucket_of(table: pa.Table, buckets: int, tasks: dict[str, str]) -> list[int
 def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[str],
             config: ConvertConfig | None = None, *,
             missing_reward: Literal["drop"] | float | None = None,
-            max_rows_in_memory: int = 500_000,
+            max_rows_in_memory: int = 100_000,
             progress: Callable[[int, int], None] | None = None) -> ConversionStats:
     """Spans under ``source`` -> transitions Parquet at ``out_path`` (atomic).
 
@@ -499,6 +501,7 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
     files as the OpenTelemetry Collector's file exporter writes them (``*.json``, ``*.jsonl``,
     gzipped too). Spans already in memory: ``spans_to_transitions(spans_to_table(spans))``.
 
+    Only the columns conversion uses are read (the JSON blobs only when retokenizing).
     Past ``max_rows_in_memory`` span rows, rows are first spilled to hash buckets by task (a
     GRPO group spans the episodes of one task), so every group is converted whole while memory
     stays near one bucket. ``progress(done,
@@ -526,6 +529,7 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
     files = list(iter_parquet_files(source))
     if not files:
         raise FileNotFoundError(f"no span Parquet files under {source}")
+    columns = _columns_for(cfg)
     total_rows = 0
     for path in files:
         try:
@@ -534,7 +538,7 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
             pass  # counted when read
     if total_rows <= max_rows_in_memory:
         read_stats = ConversionStats()
-        spans = read_spans(files, read_stats)
+        spans = read_spans(files, read_stats, columns)
         table, stats = spans_to_transitions(spans, cfg, source=f" (under {source})")
         stats.notes.update(read_stats.notes)
         stats.files = read_stats.files
@@ -549,15 +553,15 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
         writers: dict[int, pq.ParquetWriter] = {}
         read_stats = ConversionStats()
         tasks = _episode_tasks(files)
-        for table in _read_tables(files, read_stats):
+        for table in _read_tables(files, read_stats, columns):
             table = table.cast(pa.schema([SPAN_SCHEMA.field(c) for c in table.column_names]))
-            table = _conform(table)
+            table = _conform(table, columns)
             ids = pa.array(_bucket_of(table, buckets, tasks), pa.int32())
             for b in range(buckets):
                 part = table.filter(pc.equal(ids, b))
                 if part.num_rows:
                     if b not in writers:
-                        writers[b] = pq.ParquetWriter(spill / f"{b}.parquet", SPAN_SCHEMA)
+                        writers[b] = pq.ParquetWriter(spill / f"{b}.parquet", part.schema)
                     writers[b].write_table(part)
         for w in writers.values():
             w.close()
@@ -600,10 +604,18 @@ def _otlp_json_files(source: Any) -> list[Path]:
             if Path(s).is_file() and str(s).endswith(_OTLP_JSON_SUFFIXES)]
 
 
-def _conform(table: pa.Table) -> pa.Table:
-    """Add the span columns a file lacks (older writers) as nulls, in schema order."""
-    for f in SPAN_SCHEMA:
-        if f.name not in table.column_names:
+def _columns_for(cfg: ConvertConfig) -> list[str]:
+    """The span columns the converter reads: the JSON blobs only when retokenizing."""
+    extra = ["attributes"] if cfg.retokenize else []
+    return [c for c in SPAN_SCHEMA.names
+            if c in (*REQUIRED_SPAN_COLUMNS, *_OPTIONAL_COLUMNS, *extra)]
+
+
+def _conform(table: pa.Table, columns: list[str]) -> pa.Table:
+    """Add the columns a file lacks (older writers) as nulls, in schema order."""
+    for name in columns:
+        if name not in table.column_names:
+            f = SPAN_SCHEMA.field(name)
             table = table.append_column(f, pa.nulls(table.num_rows, f.type))
-    return table.select(SPAN_SCHEMA.names)
+    return table.select(columns)
 
