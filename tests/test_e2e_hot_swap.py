@@ -58,16 +58,23 @@ def test_sixteen_clients_through_five_swaps(tmp_path, spans, instrumented, monke
                 except Exception as exc:  # noqa: BLE001 - counted, asserted zero below
                     errors.append(repr(exc))
 
+        def served_since(t, n=CLIENTS, timeout=120.0):
+            """Wait (at least 2.5 s, the drain window) until n requests started after t have
+            returned: a fixed sleep left a window empty on a slow CI machine."""
+            deadline = time.monotonic() + timeout
+            time.sleep(2.5)
+            while sum(t0 >= t for t0, _, _ in calls) < n and time.monotonic() < deadline:
+                time.sleep(0.1)
+
         threads = [threading.Thread(target=agent) for _ in range(CLIENTS)]
         for t in threads:
             t.start()
-        time.sleep(4)
+        served_since(switches[0][1])
         for d in dirs[1:]:
             started = time.monotonic()
             name = publisher.publish(d, alias="team")
             switches.append((started, time.monotonic(), name))
-            time.sleep(2.5)
-        time.sleep(2)
+            served_since(switches[-1][1] + 1.0)
         stop.set()
         for t in threads:
             t.join()
