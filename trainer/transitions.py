@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 from agl_bridge import semconv as sc
 from agl_bridge.parquet_io import SchemaError, iter_parquet_files, read_checked, write_table_atomic
 from agl_bridge.schema import REQUIRED_SPAN_COLUMNS, SPAN_SCHEMA, TRANSITION_SCHEMA
+from agl_bridge.trainer import columnar
 from agl_bridge.trainer.credit import (
     AdvantageUnit,
     Algorithm,
@@ -255,8 +256,38 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
                          source: str = "") -> tuple[pa.Table, ConversionStats]:
     """Transitions from a span table (SPAN_SCHEMA columns; the required ones at least).
 
-    ``source`` names where the rows came from, for messages.
+    ``source`` names where the rows came from, for messages. Runs the columnar fast path
+    (``agl_bridge.trainer.columnar``); retokenization, and input it does not handle, go
+    through the reference implementation, which gives the same transitions.
     """
+    cfg = config or ConvertConfig()
+    if missing_reward is not None:
+        cfg = ConvertConfig(**{**cfg.__dict__, "missing_reward": missing_reward})
+    if cfg.retokenize:
+        return reference_spans_to_transitions(spans, cfg, source=source)
+    try:
+        return _fast_spans_to_transitions(spans, cfg, source)
+    except columnar.Unsupported:
+        return reference_spans_to_transitions(spans, cfg, source=source)
+
+
+def _fast_spans_to_transitions(spans: pa.Table, cfg: ConvertConfig, source: str
+                               ) -> tuple[pa.Table, ConversionStats]:
+    stats = ConversionStats(spans=spans.num_rows)
+    spans = columnar.conform(spans)
+    episodes = columnar.episode_keys(spans)
+    stats.episodes = len(pc.unique(episodes))
+    is_reward = pc.is_valid(spans["reward_value"])
+    rewards = _rewards(spans.filter(is_reward), stats, source)
+    table = columnar.convert_table(spans, cfg, stats, rewards, episodes=episodes)
+    return table, stats
+
+
+def reference_spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *,
+                                   missing_reward: Literal["drop"] | float | None = None,
+                                   source: str = "") -> tuple[pa.Table, ConversionStats]:
+    """The reference implementation: a Python loop per call, kept as the fast path's oracle
+    (``tests/test_convert_columnar.py``) and for retokenization."""
     cfg = config or ConvertConfig()
     if missing_reward is not None:
         cfg = ConvertConfig(**{**cfg.__dict__, "missing_reward": missing_reward})

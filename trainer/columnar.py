@@ -1,0 +1,482 @@
+"""The converter's fast path: span rows -> transitions with Arrow and numpy, no Python per call.
+
+Same semantics as the reference (``transitions.reference_spans_to_transitions``, which stays the
+oracle; ``tests/test_convert_columnar.py`` compares the two on tricky tables), computed column by
+column:
+
+* LLM rows are deduplicated by (trace id, span id) with a dictionary encoding; skips and notes
+  are counted with masks.
+* Turn inference (spans without a turn attribute) runs in Python, only over the episodes that
+  need it.
+* Calls are grouped by (episode, agent, turn, candidate) through integer codes and sorted by
+  (start, span id) inside a group. Whether a call extends the context of the previous call of its
+  group (previous prompt + completion is a prefix of its prompt) is one vectorised comparison of
+  the flat token id buffers, pair by pair.
+* Merged transitions are built by gathering segments (observation with mask 0, completion with
+  mask 1) out of the flat id and logprob buffers, so token ids never become Python objects.
+* Rewards, group ids and advantages are arrays; the group statistics use ``math.fsum`` per group
+  exactly as ``credit.advantages`` does, so every value is bit-identical to the reference.
+
+Row order is the reference's: single-call transitions in order of their group's first call, then
+the transitions of multi-call groups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from agl_bridge import semconv as sc
+from agl_bridge.schema import SPAN_SCHEMA, TRANSITION_SCHEMA
+
+# the span columns this module reads (others are ignored)
+COLUMNS = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "episode_id",
+           "task_id", "agent_name", "turn_index", "candidate_index", "operation_name",
+           "request_model", "policy_version", "prompt_token_ids", "completion_token_ids",
+           "completion_logprobs", "reward_value", "reward_scope")
+
+
+class Unsupported(Exception):
+    """Input the fast path does not handle (null ids inside a list): use the reference."""
+
+
+def conform(spans: pa.Table) -> pa.Table:
+    """The columns this module reads, in SPAN_SCHEMA types; absent optional ones as nulls."""
+    cols, fields = [], []
+    for name in COLUMNS:
+        f = SPAN_SCHEMA.field(name)
+        if name in spans.column_names:
+            col = spans[name]
+            if col.type != f.type:
+                col = col.cast(f.type)
+        else:
+            col = pa.nulls(spans.num_rows, f.type)
+        cols.append(col)
+        fields.append(pa.field(name, f.type))
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
+
+def episode_keys(table: pa.Table) -> pa.Array:
+    """episode id, or ``trace:<trace id>`` without one (one trace = one episode)."""
+    ep = table["episode_id"]
+    if ep.null_count == 0:
+        return ep.combine_chunks() if isinstance(ep, pa.ChunkedArray) else ep
+    key = pc.coalesce(ep, pc.binary_join_element_wise("trace:", table["trace_id"], ""))
+    return key.combine_chunks() if isinstance(key, pa.ChunkedArray) else key
+
+
+def _arr(col) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _codes(col) -> np.ndarray:
+    """Dense int64 codes of a column, null a value of its own; equal values, equal codes."""
+    enc = pc.dictionary_encode(_arr(col), null_encoding="encode")
+    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _combine(*codes: np.ndarray) -> np.ndarray:
+    """One dense code per distinct tuple of codes."""
+    out = codes[0]
+    for c in codes[1:]:
+        out = np.unique(out * (int(c.max(initial=0)) + 1) + c, return_inverse=True)[1]
+    return out.astype(np.int64, copy=False).reshape(-1)
+
+
+def _flat(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, start of each list in values, length of each list) of a list array."""
+    offsets = arr.offsets.to_numpy()
+    values = arr.values
+    if values.null_count:
+        raise Unsupported("null inside an id list")
+    return (values.to_numpy(zero_copy_only=False), offsets[:-1].astype(np.int64),
+            np.diff(offsets).astype(np.int64))
+
+
+def _gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices of the concatenated segments [starts[i], starts[i] + lengths[i])."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(lengths)
+    shift = np.repeat(starts - (ends - lengths), lengths)
+    return shift + np.arange(total, dtype=np.int64)
+
+
+def _segments_equal(values_a, starts_a, values_b, starts_b, lengths) -> np.ndarray:
+    """Per segment: values_a[starts_a:+len] == values_b[starts_b:+len]."""
+    if len(lengths) == 0:
+        return np.zeros(0, bool)
+    diff = values_a[_gather_index(starts_a, lengths)] != values_b[_gather_index(starts_b, lengths)]
+    c = np.concatenate(([0], np.cumsum(diff, dtype=np.int64)))
+    ends = np.cumsum(lengths)
+    return (c[ends] - c[ends - lengths]) == 0
+
+
+def _note(counter: Counter, reason: str, n: int) -> None:
+    if n:
+        counter[reason] += int(n)
+
+
+def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Array,
+                  ) -> pa.Table:
+    """Transitions of ``spans`` (already conformed). ``rewards``: episode -> EpisodeRewards
+    (from the reference's reward reader); ``stats`` is filled in."""
+    from agl_bridge.trainer.credit import EpisodeRewards
+
+    is_llm = pc.fill_null(pc.equal(spans["operation_name"], sc.OP_CHAT), False)
+    llm = spans.filter(is_llm)
+    is_llm = _arr(is_llm)
+    ep_all = _arr(episodes).filter(is_llm)
+    n = llm.num_rows
+    stats.llm_spans = n
+    if n == 0:
+        return TRANSITION_SCHEMA.empty_table()
+
+    # -- dedup, skips, notes (the reference's per-row checks, as masks) ------------------------
+    ident = _arr(pc.binary_join_element_wise(llm["trace_id"], llm["span_id"], "\x00"))
+    codes = _codes(ident)
+    _, first_idx = np.unique(codes, return_index=True)
+    first = np.zeros(n, bool)
+    first[first_idx] = True
+    _note(stats.notes, "duplicate span id (later copy ignored)", n - len(first_idx))
+    has_prompt = pc.is_valid(llm["prompt_token_ids"]).to_numpy(zero_copy_only=False)
+    clen = pc.fill_null(pc.list_value_length(llm["completion_token_ids"]), -1
+                        ).to_numpy(zero_copy_only=False)
+    no_ids = first & (~has_prompt | (clen < 0))
+    empty = first & ~no_ids & (clen == 0)
+    _note(stats.skipped, "no token ids on the LLM span", no_ids.sum())
+    _note(stats.skipped, "empty completion", empty.sum())
+    keep = first & ~no_ids & ~empty
+    lp_len = pc.list_value_length(llm["completion_logprobs"])
+    lp_valid = pc.is_valid(lp_len).to_numpy(zero_copy_only=False)
+    lp_len = pc.fill_null(lp_len, -1).to_numpy(zero_copy_only=False)
+    bad_lp = keep & lp_valid & (lp_len != clen)
+    _note(stats.notes, "logprobs length differs from completion (logprobs dropped)", bad_lp.sum())
+    start = llm["start_time_unix_nano"]
+    end = llm["end_time_unix_nano"]
+    skew = pc.fill_null(pc.less(end, start), False).to_numpy(zero_copy_only=False)
+    _note(stats.notes, "span ends before it starts (clock skew; kept)", (keep & skew).sum())
+
+    rows = np.flatnonzero(keep)
+    if len(rows) == 0:
+        return TRANSITION_SCHEMA.empty_table()
+    take = pa.array(rows, pa.int64())
+    llm = llm.take(take) if len(rows) != n else llm
+    ep = ep_all.take(take) if len(rows) != n else ep_all
+    lp_ok = (lp_valid & ~bad_lp)[rows]
+    n = len(rows)
+
+    turn = _arr(llm["turn_index"])
+    if turn.null_count:
+        turn = _infer_turns(ep, llm, turn, stats)
+
+    # -- rewards: episodes without one are dropped or filled -----------------------------------
+    enc = pc.dictionary_encode(ep, null_encoding="encode")
+    ep_codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    ep_dict = enc.dictionary.to_pylist()
+    ep_rewards = []
+    for e in ep_dict:
+        r = rewards.get(e)
+        if r is None or r.empty:
+            if cfg.missing_reward == "drop":
+                r = None
+            else:
+                r = rewards.setdefault(e, EpisodeRewards())
+                r.team, r.has_team = float(cfg.missing_reward), True
+        ep_rewards.append(r)
+    has_reward = np.array([r is not None for r in ep_rewards], bool)[ep_codes]
+    if not has_reward.all():
+        _note(stats.skipped, "episode has no reward", (~has_reward).sum())
+        sel = np.flatnonzero(has_reward)
+        if len(sel) == 0:
+            return TRANSITION_SCHEMA.empty_table()
+        t = pa.array(sel, pa.int64())
+        llm, ep, turn = llm.take(t), _arr(ep.take(t)), _arr(turn.take(t))
+        ep_codes, lp_ok = ep_codes[sel], lp_ok[sel]
+        n = len(sel)
+
+    # -- groups (episode, agent, turn, candidate) and the order of the output -------------------
+    agent = _arr(llm["agent_name"])
+    agent_codes = _codes(agent)
+    turn_codes = _codes(turn)
+    group = _combine(ep_codes, agent_codes, turn_codes, _codes(llm["candidate_index"]))
+    n_groups = int(group.max()) + 1
+    row = np.arange(n, dtype=np.int64)
+    group_first = np.full(n_groups, n, np.int64)
+    np.minimum.at(group_first, group, row)
+    group_size = np.bincount(group, minlength=n_groups)
+    gfirst = group_first[group]
+    start_filled = pc.fill_null(llm["start_time_unix_nano"], 0).to_numpy(zero_copy_only=False)
+    if cfg.merge_turn_calls:
+        multi = (group_size[group] > 1)
+        order = np.lexsort((row, gfirst, multi))  # singles first, by their row
+        m = np.flatnonzero(multi[order])
+        if len(m):
+            # inside a multi-call group: (start or 0, span id), as the reference sorts
+            sub = order[m]
+            keys = pa.table({"g": gfirst[sub], "s": start_filled[sub],
+                             "id": _arr(llm["span_id"]).take(pa.array(sub)), "r": sub})
+            idx = pc.sort_indices(keys, sort_keys=[("g", "ascending"), ("s", "ascending"),
+                                                    ("id", "ascending"), ("r", "ascending")])
+            order[m] = sub[idx.to_numpy()]
+    else:
+        multi = np.zeros(n, bool)
+        order = np.lexsort((row, gfirst))
+    o_group = group[order]
+    first_of_group = np.ones(n, bool)
+    first_of_group[1:] = o_group[1:] != o_group[:-1]
+
+    prompts = _arr(llm["prompt_token_ids"])
+    completions = _arr(llm["completion_token_ids"])
+    pv, ps, pl = _flat(prompts)
+    cv, cs, cl = _flat(completions)
+    ps, pl, cs, cl = ps[order], pl[order], cs[order], cl[order]
+
+    # -- does each call extend the previous call's context (same group)? ----------------------
+    new = first_of_group.copy()
+    if cfg.merge_turn_calls:
+        pairs = np.flatnonzero(~first_of_group)  # position j, previous j - 1
+        if len(pairs):
+            prev = pairs - 1
+            fits = pl[pairs] >= pl[prev] + cl[prev]
+            cand = pairs[fits]
+            prv = cand - 1
+            ok = np.zeros(len(pairs), bool)
+            if len(cand):
+                same_p = _segments_equal(pv, ps[cand], pv, ps[prv], pl[prv])
+                same_c = _segments_equal(pv, ps[cand] + pl[prv], cv, cs[prv], cl[prv])
+                ok[np.flatnonzero(fits)] = same_p & same_c
+            new[pairs[~ok]] = True
+            _note(stats.notes, "call does not extend its turn's context (kept separate)",
+                  (~ok).sum())
+    else:
+        new[:] = True
+
+    # -- transitions: first call, calls, lists ------------------------------------------------
+    tr_of_call = np.cumsum(new) - 1
+    first_pos = np.flatnonzero(new)
+    n_tr = len(first_pos)
+    merged_calls = np.diff(np.append(first_pos, n)).astype(np.int32)
+    first_row = order[first_pos]
+
+    # observation of a continuing call: its prompt past the previous call's context
+    obs_start = np.zeros(n, np.int64)
+    obs_len = np.zeros(n, np.int64)
+    cont = np.flatnonzero(~new)
+    if len(cont):
+        ctx = pl[cont - 1] + cl[cont - 1]
+        obs_start[cont] = ps[cont] + ctx
+        obs_len[cont] = pl[cont] - ctx
+    # segments per call: observation (mask 0) then completion (mask 1), over [prompts, comps]
+    seg_start = np.empty(2 * n, np.int64)
+    seg_len = np.empty(2 * n, np.int64)
+    seg_start[0::2], seg_len[0::2] = obs_start, obs_len
+    seg_start[1::2], seg_len[1::2] = cs + len(pv), cl
+    source = np.concatenate((pv, cv)) if len(cont) else None
+    gather = _gather_index(seg_start, seg_len)
+    comp_values = source[gather] if source is not None else cv[gather - len(pv)]
+    mask_values = np.repeat(np.tile(np.array([0, 1], np.int8), n), seg_len)
+    call_out_len = obs_len + cl
+    tr_len = np.bincount(tr_of_call, weights=call_out_len, minlength=n_tr).astype(np.int64)
+    tr_offsets = np.zeros(n_tr + 1, np.int64)
+    np.cumsum(tr_len, out=tr_offsets[1:])
+    if tr_offsets[-1] >= 2**31:
+        raise Unsupported("more than 2**31 completion ids in one chunk")
+    offs = pa.array(tr_offsets.astype(np.int32))
+    completion_ids = pa.ListArray.from_arrays(offs, pa.array(comp_values.astype(np.int32,
+                                                                                copy=False)))
+    completion_mask = pa.ListArray.from_arrays(offs, pa.array(mask_values))
+
+    # logprobs: null for a transition with any call lacking them
+    lp_ok_o = lp_ok[order]
+    tr_lp_ok = np.bincount(tr_of_call, weights=~lp_ok_o, minlength=n_tr) == 0
+    logprobs_arr = _arr(llm["completion_logprobs"])
+    if tr_lp_ok.any():
+        lv, ls, _ = _flat(logprobs_arr)
+        ls = ls[order]
+        lp_seg_start = np.empty(2 * n, np.int64)
+        lp_seg_start[0::2] = 0
+        lp_seg_start[1::2] = np.where(lp_ok_o, ls, 0)
+        lp_src_len = np.where(lp_ok_o, cl, 0)  # a call without logprobs: nothing gathered
+        lp_seg_len = np.empty(2 * n, np.int64)
+        lp_seg_len[0::2], lp_seg_len[1::2] = 0, lp_src_len
+        vals = np.zeros(len(comp_values), np.float64)
+        # positions of the completion segments in the output values
+        out_seg_end = np.cumsum(seg_len)
+        out_seg_start = out_seg_end - seg_len
+        comp_out_start = out_seg_start[1::2]
+        idx_out = _gather_index(comp_out_start, lp_src_len)
+        idx_in = _gather_index(lp_seg_start[1::2], lp_src_len)
+        vals[idx_out] = lv[idx_in]
+        validity = pa.array(tr_lp_ok)
+        behaviour = pa.ListArray.from_arrays(offs, pa.array(vals.astype(np.float32)),
+                                             mask=pc.invert(validity))
+    else:
+        behaviour = pa.nulls(n_tr, pa.list_(pa.float32()))
+
+    prompt_ids = prompts.take(pa.array(first_row))
+
+    # -- keys, rewards, groups, advantages ----------------------------------------------------
+    take_first = pa.array(first_row)
+    t_ep = ep.take(take_first)
+    t_task = _arr(llm["task_id"]).take(take_first)
+    t_agent = agent.take(take_first)
+    t_turn = turn.take(take_first)
+    t_ep_codes = ep_codes[first_row]
+    t_agent_codes = agent_codes[first_row]
+    t_turn_np = pc.fill_null(t_turn, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    t_turn_valid = pc.is_valid(t_turn).to_numpy(zero_copy_only=False)
+
+    team = np.array([r.team if r is not None else 0.0 for r in ep_rewards], np.float64)
+    team_t = team[t_ep_codes]
+    if cfg.gamma != 1.0:
+        ea = _combine(t_ep_codes, t_agent_codes)
+        last = np.full(int(ea.max()) + 1, np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(last, ea[t_turn_valid], t_turn_np[t_turn_valid])
+        last_t = last[ea]
+        has_disc = t_turn_valid & (last_t != np.iinfo(np.int64).min)
+        exps = np.where(has_disc, last_t - t_turn_np, 0)
+        uniq, inv = np.unique(exps, return_inverse=True)
+        disc = np.array([cfg.gamma ** int(e) for e in uniq], np.float64)[inv.reshape(-1)]
+        disc = np.where(has_disc, disc, 1.0)
+        team_t = team_t * disc
+    if cfg.algorithm == "lightning_rl":
+        reward = team_t
+    else:
+        local = np.zeros(n_tr, np.float64)
+        with_local = [i for i, r in enumerate(ep_rewards) if r is not None and (r.agent or r.turn)]
+        if with_local:
+            sel = np.flatnonzero(np.isin(t_ep_codes, with_local))
+            agents_l = t_agent.take(pa.array(sel)).to_pylist()
+            turns_l = t_turn.take(pa.array(sel)).to_pylist()
+            for k, i in enumerate(sel.tolist()):
+                r = ep_rewards[t_ep_codes[i]]
+                local[i] = r.agent.get(agents_l[k], 0.0) + r.turn.get((agents_l[k], turns_l[k]),
+                                                                      0.0)
+        reward = cfg.alpha * team_t + local
+
+    task_part = pc.if_else(pc.is_valid(t_task),
+                           pc.binary_join_element_wise("task:", t_task, ""),
+                           pc.binary_join_element_wise("episode:", t_ep, ""))
+    if cfg.algorithm == "lightning_rl":
+        group_id = task_part
+    else:
+        group_id = pc.binary_join_element_wise(
+            task_part, "|agent:", pc.fill_null(t_agent, "None"), "|turn:",
+            pc.fill_null(pc.cast(t_turn, pa.string()), "None"), "")
+    group_id = _arr(group_id)
+    advantage, n_groups_out, zero_var = _advantages(
+        reward, _codes(group_id), t_ep_codes, unit=cfg.advantage_unit,
+        scale=cfg.scale_advantages)
+
+    no_task = t_task.null_count
+    _note(stats.notes, "transition without task id (its own group: no GRPO signal)", no_task)
+    stats.transitions = n_tr
+    stats.rewards = reward.tolist()
+    stats.groups, stats.zero_variance_groups = n_groups_out, zero_var
+    at = pa.table({"a": t_agent, "t": t_turn}).group_by(["a", "t"], use_threads=False
+                                                         ).aggregate([([], "count_all")])
+    stats.per_agent_turn.update(dict(zip(zip(at["a"].to_pylist(), at["t"].to_pylist()),
+                                         at["count_all"].to_pylist())))
+
+    def meta(name: str) -> pa.Array:
+        return _arr(llm[name]).take(take_first)
+
+    data = {
+        "episode_id": t_ep, "task_id": t_task, "agent_name": t_agent, "turn_index": t_turn,
+        "candidate_index": meta("candidate_index"), "trace_id": meta("trace_id"),
+        "span_id": meta("span_id"), "merged_calls": pa.array(merged_calls),
+        "request_model": meta("request_model"), "policy_version": meta("policy_version"),
+        "prompt_ids": prompt_ids, "completion_ids": completion_ids,
+        "completion_mask": completion_mask, "behaviour_logprobs": behaviour,
+        "reward": pa.array(reward), "group_id": group_id, "advantage": pa.array(advantage),
+        "retokenized": pa.array(np.zeros(n_tr, bool)),
+        "start_time_unix_nano": meta("start_time_unix_nano"),
+    }
+    arrays = []
+    for f in TRANSITION_SCHEMA:
+        a = data[f.name]
+        arrays.append(a if a.type == f.type else a.cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=TRANSITION_SCHEMA)
+
+
+def _advantages(reward: np.ndarray, group: np.ndarray, episode: np.ndarray, *, unit: str,
+                scale: bool, eps: float = 1e-4) -> tuple[np.ndarray, int, int]:
+    """``credit.advantages`` on arrays: same sums (math.fsum per group), same results."""
+    n = len(reward)
+    out = np.zeros(n, np.float64)
+    if n == 0:
+        return out, 0, 0
+    order = np.argsort(group, kind="stable")
+    g_sorted = group[order]
+    bounds = np.flatnonzero(np.diff(g_sorted)) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [n]))
+    n_groups = len(starts)
+    r_sorted = reward[order].tolist()
+    e_sorted = episode[order].tolist() if unit == "rollout" else None
+    mean = np.zeros(n_groups)
+    std = np.zeros(n_groups)
+    use = np.zeros(n_groups, bool)
+    zero_var = 0
+    fsum, sqrt = math.fsum, math.sqrt
+    for k, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+        if unit == "rollout":
+            per: dict = {}
+            for v, e in zip(r_sorted[a:b], e_sorted[a:b]):
+                per.setdefault(e, []).append(v)
+            values = [fsum(v) / len(v) for v in per.values()]
+        else:
+            if b - a < 2:
+                continue
+            values = r_sorted[a:b]
+        m = len(values)
+        if m < 2:
+            continue
+        mu = fsum(values) / m
+        sd = sqrt(fsum((v - mu) ** 2 for v in values) / (m - 1))
+        if sd == 0.0:
+            zero_var += 1
+            continue
+        mean[k], std[k], use[k] = mu, sd, True
+    gk = np.repeat(np.arange(n_groups), ends - starts)
+    centred = np.asarray(r_sorted) - mean[gk]
+    adv_sorted = np.where(use[gk], centred / (std[gk] + eps) if scale else centred, 0.0)
+    out[order] = adv_sorted
+    return out, n_groups, zero_var
+
+
+def _infer_turns(ep: pa.Array, llm: pa.Table, turn: pa.Array, stats) -> pa.Array:
+    """The reference's turn inference, in Python, over the episodes that lack a turn."""
+    null_eps = pc.unique(ep.filter(pc.is_null(turn)))
+    sel = np.flatnonzero(pc.is_in(ep, value_set=null_eps).to_numpy(zero_copy_only=False))
+    sub = llm.select(["agent_name", "start_time_unix_nano", "span_id"]).take(pa.array(sel))
+    eps = ep.take(pa.array(sel)).to_pylist()
+    agents = sub["agent_name"].to_pylist()
+    starts = sub["start_time_unix_nano"].to_pylist()
+    span_ids = sub["span_id"].to_pylist()
+    turns = turn.to_pylist()
+    by_episode: dict = {}
+    for k, e in enumerate(eps):
+        by_episode.setdefault(e, []).append(k)
+    inferred = 0
+    for ks in by_episode.values():
+        ks.sort(key=lambda k: (starts[k] or 0, span_ids[k]))
+        count: Counter = Counter()
+        previous: object = object()
+        for k in ks:
+            a = agents[k]
+            if a is None or a != previous:
+                count[a] += 1
+            previous = a
+            i = int(sel[k])
+            if turns[i] is None:
+                turns[i] = count[a] - 1
+                inferred += 1
+    _note(stats.notes, "turn inferred (no turn attribute)", inferred)
+    return pa.array(turns, pa.int32())
