@@ -136,3 +136,42 @@ def test_streamed_convert_equals_reference(tmp_path):
     assert stats.transitions == ref_stats.transitions
     assert stats.skipped == ref_stats.skipped and stats.notes == ref_stats.notes
     assert sorted(stats.rewards) == sorted(ref_stats.rewards)
+
+
+def test_convert_streams_units_as_they_complete(tmp_path, monkeypatch):
+    """Tasks local in time (as GRPO rollouts of one task run together): convert() streams,
+    converting each task's episodes once they are read whole, and gives the reference's
+    transitions; an unreadable file among them is counted and the rest converted."""
+    from agl_bridge.trainer import transitions
+
+    streamed = []
+    real = transitions._convert_streaming
+    monkeypatch.setattr(transitions, "_convert_streaming",
+                        lambda *a, **k: streamed.append(1) or real(*a, **k))
+    rows = []
+    for seed in range(8):
+        part = [dict(r, episode_id=r["episode_id"] and f"{seed}-{r['episode_id']}",
+                     trace_id=f"{seed}-{r['trace_id']}",
+                     task_id=r.get("task_id") and f"{seed}-{r['task_id']}")
+                for r in tricky_rows(seed, episodes=6)]
+        rows += sorted(part, key=lambda r: r["start_time_unix_nano"])
+    (tmp_path / "spans").mkdir()
+    for k in range(0, len(rows), 40):
+        pq.write_table(table(rows[k:k + 40]), tmp_path / "spans" / f"{k:05d}.parquet",
+                       row_group_size=16)
+    (tmp_path / "spans" / "99999-truncated.parquet").write_bytes(
+        (tmp_path / "spans" / "00000.parquet").read_bytes()[:100])
+    seen = []
+    stats = convert(tmp_path / "spans", tmp_path / "t.parquet", max_rows_in_memory=400,
+                    progress=lambda done, total: seen.append((done, total)))
+    assert streamed and len(seen) > 3 and seen[-1][0] == seen[-1][1]
+    ref, ref_stats = reference_spans_to_transitions(table(rows))
+    got = pq.read_table(tmp_path / "t.parquet")
+    key = [("span_id", "ascending"), ("trace_id", "ascending")]
+    assert got.sort_by(key).to_pylist() == ref.sort_by(key).to_pylist()
+    assert stats.transitions == ref_stats.transitions and stats.episodes == ref_stats.episodes
+    assert stats.skipped == ref_stats.skipped
+    assert stats.notes.pop("unreadable file skipped: 99999-truncated.parquet (ArrowInvalid)") == 1
+    assert stats.notes == ref_stats.notes
+    assert stats.groups == ref_stats.groups
+    assert stats.zero_variance_groups == ref_stats.zero_variance_groups

@@ -117,59 +117,117 @@ def _segments_equal(values_a, starts_a, values_b, starts_b, lengths) -> np.ndarr
     return (c[ends] - c[ends - lengths]) == 0
 
 
+def _extends(P: "_Lists", C: "_Lists", cur: np.ndarray, prev: np.ndarray) -> list[bool]:
+    """Per pair: is prompt[prev] + completion[prev] a prefix of prompt[cur]? (Byte compares:
+    cheaper than gathering every id of every context.)"""
+    pv, cv = P.values, C.values
+    w = pv.itemsize
+    if cv.itemsize != w:
+        raise Unsupported("prompt and completion ids of different widths")
+    pb, cb = memoryview(pv).cast("B"), memoryview(cv).cast("B")
+    out = []
+    for c0, p0, pn, c1, cn in zip((P.starts[cur] * w).tolist(), (P.starts[prev] * w).tolist(),
+                                  (P.lengths[prev] * w).tolist(), (C.starts[prev] * w).tolist(),
+                                  (C.lengths[prev] * w).tolist()):
+        out.append(pb[c0:c0 + pn].tobytes() == pb[p0:p0 + pn].tobytes()
+                   and pb[c0 + pn:c0 + pn + cn].tobytes() == cb[c1:c1 + cn].tobytes())
+    return out
+
+
 def _note(counter: Counter, reason: str, n: int) -> None:
     if n:
         counter[reason] += int(n)
 
 
+_SMALL = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "task_id",
+          "agent_name", "turn_index", "candidate_index", "request_model", "policy_version")
+
+
+class _Lists:
+    """A list column as flat numpy values, per-row start and length, and validity."""
+
+    def __init__(self, col) -> None:
+        self.array = _arr(col)
+        offsets = self.array.offsets.to_numpy()
+        self.starts = offsets[:-1].astype(np.int64)
+        self.lengths = np.diff(offsets).astype(np.int64)
+        self.valid = (self.array.is_valid().to_numpy(zero_copy_only=False)
+                      if self.array.null_count else np.ones(len(self.array), bool))
+        self._values = None
+
+    @property
+    def values(self) -> np.ndarray:
+        if self._values is None:
+            values = self.array.values
+            if values.null_count:
+                raise Unsupported("null inside a list")
+            self._values = values.to_numpy(zero_copy_only=False)
+        return self._values
+
+
+def _list_array(lengths: np.ndarray, values: pa.Array, mask: np.ndarray | None = None
+                ) -> pa.Array:
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise Unsupported("more than 2**31 list values in one chunk")
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values,
+                                    mask=None if mask is None else pa.array(mask))
+
+
 def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Array,
-                  ) -> pa.Table:
-    """Transitions of ``spans`` (already conformed). ``rewards``: episode -> EpisodeRewards
-    (from the reference's reward reader); ``stats`` is filled in."""
+                  select: np.ndarray | None = None) -> pa.Table:
+    """Transitions of ``spans`` (conformed, one chunk per column), of the rows ``select``
+    (a boolean mask; all without). ``rewards``: episode -> EpisodeRewards, read by the
+    reference's reward reader; ``stats`` is filled in. Id lists are read where they lie."""
     from agl_bridge.trainer.credit import EpisodeRewards
 
     is_llm = pc.fill_null(pc.equal(spans["operation_name"], sc.OP_CHAT), False)
-    llm = spans.filter(is_llm)
-    is_llm = _arr(is_llm)
-    ep_all = _arr(episodes).filter(is_llm)
-    n = llm.num_rows
+    is_llm = _arr(is_llm).to_numpy(zero_copy_only=False)
+    if select is not None:
+        is_llm = is_llm & select
+    li = np.flatnonzero(is_llm)
+    n = len(li)
     stats.llm_spans = n
     if n == 0:
         return TRANSITION_SCHEMA.empty_table()
+    llm = spans.select(list(_SMALL)).take(pa.array(li))
+    ep = _arr(_arr(episodes).take(pa.array(li)))
+    P = _Lists(spans["prompt_token_ids"])
+    C = _Lists(spans["completion_token_ids"])
+    L = _Lists(spans["completion_logprobs"])
 
     # -- dedup, skips, notes (the reference's per-row checks, as masks) ------------------------
     ident = _arr(pc.binary_join_element_wise(llm["trace_id"], llm["span_id"], "\x00"))
-    codes = _codes(ident)
-    _, first_idx = np.unique(codes, return_index=True)
+    _, first_idx = np.unique(_codes(ident), return_index=True)
     first = np.zeros(n, bool)
     first[first_idx] = True
     _note(stats.notes, "duplicate span id (later copy ignored)", n - len(first_idx))
-    has_prompt = pc.is_valid(llm["prompt_token_ids"]).to_numpy(zero_copy_only=False)
-    clen = pc.fill_null(pc.list_value_length(llm["completion_token_ids"]), -1
-                        ).to_numpy(zero_copy_only=False)
+    has_prompt = P.valid[li]
+    clen = np.where(C.valid[li], C.lengths[li], -1)
     no_ids = first & (~has_prompt | (clen < 0))
     empty = first & ~no_ids & (clen == 0)
     _note(stats.skipped, "no token ids on the LLM span", no_ids.sum())
     _note(stats.skipped, "empty completion", empty.sum())
     keep = first & ~no_ids & ~empty
-    lp_len = pc.list_value_length(llm["completion_logprobs"])
-    lp_valid = pc.is_valid(lp_len).to_numpy(zero_copy_only=False)
-    lp_len = pc.fill_null(lp_len, -1).to_numpy(zero_copy_only=False)
-    bad_lp = keep & lp_valid & (lp_len != clen)
+    lp_valid = L.valid[li]
+    bad_lp = keep & lp_valid & (L.lengths[li] != clen)
     _note(stats.notes, "logprobs length differs from completion (logprobs dropped)", bad_lp.sum())
-    start = llm["start_time_unix_nano"]
-    end = llm["end_time_unix_nano"]
-    skew = pc.fill_null(pc.less(end, start), False).to_numpy(zero_copy_only=False)
+    skew = pc.fill_null(pc.less(llm["end_time_unix_nano"], llm["start_time_unix_nano"]), False)
+    skew = _arr(skew).to_numpy(zero_copy_only=False)
     _note(stats.notes, "span ends before it starts (clock skew; kept)", (keep & skew).sum())
+    lp_ok = lp_valid & ~bad_lp
 
-    rows = np.flatnonzero(keep)
-    if len(rows) == 0:
-        return TRANSITION_SCHEMA.empty_table()
-    take = pa.array(rows, pa.int64())
-    llm = llm.take(take) if len(rows) != n else llm
-    ep = ep_all.take(take) if len(rows) != n else ep_all
-    lp_ok = (lp_valid & ~bad_lp)[rows]
-    n = len(rows)
+    def narrow(sel: np.ndarray) -> None:
+        nonlocal llm, ep, li, lp_ok, n
+        t = pa.array(sel)
+        llm, ep = llm.take(t), _arr(ep.take(t))
+        li, lp_ok, n = li[sel], lp_ok[sel], len(sel)
+
+    if not keep.all():
+        narrow(np.flatnonzero(keep))
+        if n == 0:
+            return TRANSITION_SCHEMA.empty_table()
 
     turn = _arr(llm["turn_index"])
     if turn.null_count:
@@ -178,9 +236,8 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     # -- rewards: episodes without one are dropped or filled -----------------------------------
     enc = pc.dictionary_encode(ep, null_encoding="encode")
     ep_codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    ep_dict = enc.dictionary.to_pylist()
     ep_rewards = []
-    for e in ep_dict:
+    for e in enc.dictionary.to_pylist():
         r = rewards.get(e)
         if r is None or r.empty:
             if cfg.missing_reward == "drop":
@@ -193,158 +250,138 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     if not has_reward.all():
         _note(stats.skipped, "episode has no reward", (~has_reward).sum())
         sel = np.flatnonzero(has_reward)
-        if len(sel) == 0:
+        ep_codes = ep_codes[sel]
+        turn = _arr(turn.take(pa.array(sel)))
+        narrow(sel)
+        if n == 0:
             return TRANSITION_SCHEMA.empty_table()
-        t = pa.array(sel, pa.int64())
-        llm, ep, turn = llm.take(t), _arr(ep.take(t)), _arr(turn.take(t))
-        ep_codes, lp_ok = ep_codes[sel], lp_ok[sel]
-        n = len(sel)
 
     # -- groups (episode, agent, turn, candidate) and the order of the output -------------------
     agent = _arr(llm["agent_name"])
     agent_codes = _codes(agent)
-    turn_codes = _codes(turn)
-    group = _combine(ep_codes, agent_codes, turn_codes, _codes(llm["candidate_index"]))
+    group = _combine(ep_codes, agent_codes, _codes(turn), _codes(llm["candidate_index"]))
     n_groups = int(group.max()) + 1
     row = np.arange(n, dtype=np.int64)
     group_first = np.full(n_groups, n, np.int64)
     np.minimum.at(group_first, group, row)
     group_size = np.bincount(group, minlength=n_groups)
     gfirst = group_first[group]
-    start_filled = pc.fill_null(llm["start_time_unix_nano"], 0).to_numpy(zero_copy_only=False)
     if cfg.merge_turn_calls:
-        multi = (group_size[group] > 1)
+        multi = group_size[group] > 1
         order = np.lexsort((row, gfirst, multi))  # singles first, by their row
-        m = np.flatnonzero(multi[order])
-        if len(m):
+        n_single = int((~multi).sum())
+        if n_single < n:
             # inside a multi-call group: (start or 0, span id), as the reference sorts
-            sub = order[m]
-            keys = pa.table({"g": gfirst[sub], "s": start_filled[sub],
+            sub = order[n_single:]
+            start0 = pc.fill_null(llm["start_time_unix_nano"], 0)
+            keys = pa.table({"g": gfirst[sub], "s": _arr(start0).take(pa.array(sub)),
                              "id": _arr(llm["span_id"]).take(pa.array(sub)), "r": sub})
             idx = pc.sort_indices(keys, sort_keys=[("g", "ascending"), ("s", "ascending"),
                                                     ("id", "ascending"), ("r", "ascending")])
-            order[m] = sub[idx.to_numpy()]
+            order[n_single:] = sub[idx.to_numpy()]
     else:
-        multi = np.zeros(n, bool)
         order = np.lexsort((row, gfirst))
-    o_group = group[order]
-    first_of_group = np.ones(n, bool)
-    first_of_group[1:] = o_group[1:] != o_group[:-1]
+        n_single = n
+    g_rows = li[order]  # the calls' rows in ``spans``, in output order
 
-    prompts = _arr(llm["prompt_token_ids"])
-    completions = _arr(llm["completion_token_ids"])
-    pv, ps, pl = _flat(prompts)
-    cv, cs, cl = _flat(completions)
-    ps, pl, cs, cl = ps[order], pl[order], cs[order], cl[order]
-
-    # -- does each call extend the previous call's context (same group)? ----------------------
-    new = first_of_group.copy()
-    if cfg.merge_turn_calls:
-        pairs = np.flatnonzero(~first_of_group)  # position j, previous j - 1
+    # -- multi-call groups: does each call extend the previous call's context? ---------------
+    new = np.ones(n, bool)
+    if n_single < n:
+        o_group = group[order]
+        new[n_single + 1:] = o_group[n_single + 1:] != o_group[n_single:-1]
+        pairs = np.flatnonzero(~new)  # call j continues the group of call j - 1
         if len(pairs):
-            prev = pairs - 1
-            fits = pl[pairs] >= pl[prev] + cl[prev]
-            cand = pairs[fits]
-            prv = cand - 1
+            cur, prev = g_rows[pairs], g_rows[pairs - 1]
+            plen, ctx_p, ctx_c = P.lengths[cur], P.lengths[prev], C.lengths[prev]
+            fits = np.flatnonzero(plen >= ctx_p + ctx_c)
             ok = np.zeros(len(pairs), bool)
-            if len(cand):
-                same_p = _segments_equal(pv, ps[cand], pv, ps[prv], pl[prv])
-                same_c = _segments_equal(pv, ps[cand] + pl[prv], cv, cs[prv], cl[prv])
-                ok[np.flatnonzero(fits)] = same_p & same_c
+            if len(fits):
+                ok[fits] = _extends(P, C, cur[fits], prev[fits])
             new[pairs[~ok]] = True
             _note(stats.notes, "call does not extend its turn's context (kept separate)",
                   (~ok).sum())
-    else:
-        new[:] = True
 
-    # -- transitions: first call, calls, lists ------------------------------------------------
-    tr_of_call = np.cumsum(new) - 1
+    # -- transitions ----------------------------------------------------------------------------
     first_pos = np.flatnonzero(new)
     n_tr = len(first_pos)
+    tr_of_call = np.cumsum(new) - 1
     merged_calls = np.diff(np.append(first_pos, n)).astype(np.int32)
-    first_row = order[first_pos]
-
-    # observation of a continuing call: its prompt past the previous call's context
-    obs_start = np.zeros(n, np.int64)
-    obs_len = np.zeros(n, np.int64)
-    cont = np.flatnonzero(~new)
-    if len(cont):
-        ctx = pl[cont - 1] + cl[cont - 1]
-        obs_start[cont] = ps[cont] + ctx
-        obs_len[cont] = pl[cont] - ctx
-    # segments per call: observation (mask 0) then completion (mask 1), over [prompts, comps]
-    seg_start = np.empty(2 * n, np.int64)
-    seg_len = np.empty(2 * n, np.int64)
-    seg_start[0::2], seg_len[0::2] = obs_start, obs_len
-    seg_start[1::2], seg_len[1::2] = cs + len(pv), cl
-    source = np.concatenate((pv, cv)) if len(cont) else None
-    gather = _gather_index(seg_start, seg_len)
-    comp_values = source[gather] if source is not None else cv[gather - len(pv)]
-    mask_values = np.repeat(np.tile(np.array([0, 1], np.int8), n), seg_len)
-    call_out_len = obs_len + cl
-    tr_len = np.bincount(tr_of_call, weights=call_out_len, minlength=n_tr).astype(np.int64)
-    tr_offsets = np.zeros(n_tr + 1, np.int64)
-    np.cumsum(tr_len, out=tr_offsets[1:])
-    if tr_offsets[-1] >= 2**31:
-        raise Unsupported("more than 2**31 completion ids in one chunk")
-    offs = pa.array(tr_offsets.astype(np.int32))
-    completion_ids = pa.ListArray.from_arrays(offs, pa.array(comp_values.astype(np.int32,
-                                                                                copy=False)))
-    completion_mask = pa.ListArray.from_arrays(offs, pa.array(mask_values))
-
-    # logprobs: null for a transition with any call lacking them
+    first_local = order[first_pos]
+    first_rows = li[first_local]
     lp_ok_o = lp_ok[order]
     tr_lp_ok = np.bincount(tr_of_call, weights=~lp_ok_o, minlength=n_tr) == 0
-    logprobs_arr = _arr(llm["completion_logprobs"])
-    if tr_lp_ok.any():
-        lv, ls, _ = _flat(logprobs_arr)
-        ls = ls[order]
-        lp_seg_start = np.empty(2 * n, np.int64)
-        lp_seg_start[0::2] = 0
-        lp_seg_start[1::2] = np.where(lp_ok_o, ls, 0)
-        lp_src_len = np.where(lp_ok_o, cl, 0)  # a call without logprobs: nothing gathered
-        lp_seg_len = np.empty(2 * n, np.int64)
-        lp_seg_len[0::2], lp_seg_len[1::2] = 0, lp_src_len
-        vals = np.zeros(len(comp_values), np.float64)
-        # positions of the completion segments in the output values
-        out_seg_end = np.cumsum(seg_len)
-        out_seg_start = out_seg_end - seg_len
-        comp_out_start = out_seg_start[1::2]
-        idx_out = _gather_index(comp_out_start, lp_src_len)
-        idx_in = _gather_index(lp_seg_start[1::2], lp_src_len)
-        vals[idx_out] = lv[idx_in]
-        validity = pa.array(tr_lp_ok)
-        behaviour = pa.ListArray.from_arrays(offs, pa.array(vals.astype(np.float32)),
-                                             mask=pc.invert(validity))
-    else:
-        behaviour = pa.nulls(n_tr, pa.list_(pa.float32()))
 
-    prompt_ids = prompts.take(pa.array(first_row))
+    prompt_ids = P.array.take(pa.array(first_rows))
+    # single calls (the groups of one call come first): their lists as they are
+    n_a = int(np.searchsorted(first_pos, n_single)) if n_single < n else n_tr
+    rows_a = pa.array(g_rows[:n_single])
+    comp_a = C.array.take(rows_a)
+    mask_a = pa.ListArray.from_arrays(comp_a.offsets, pa.array(
+        np.ones(len(comp_a.values), np.int8)))
+    lp_a = L.array.take(rows_a).cast(pa.list_(pa.float32()))
+    if not tr_lp_ok[:n_a].all():
+        lp_a = pc.if_else(pa.array(tr_lp_ok[:n_a]), lp_a, pa.nulls(n_a, lp_a.type))
+    comps, masks, lps = [comp_a], [mask_a], [lp_a]
+    if n_single < n:  # calls of multi-call groups: observation (mask 0) + completion (mask 1)
+        calls = np.arange(n_single, n)
+        rows_b = g_rows[calls]
+        cont = ~new[calls]
+        prev_rows = g_rows[calls - 1]
+        ctx = np.where(cont, P.lengths[prev_rows] + C.lengths[prev_rows], 0)
+        obs_len = np.where(cont, P.lengths[rows_b] - ctx, 0)
+        comp_len = C.lengths[rows_b]
+        seg_len = np.empty(2 * len(calls), np.int64)
+        seg_len[0::2], seg_len[1::2] = obs_len, comp_len
+        out_start = np.cumsum(seg_len) - seg_len
+        values = np.empty(int(seg_len.sum()), P.values.dtype)
+        values[_gather_index(out_start[0::2], obs_len)] = P.values[
+            _gather_index(P.starts[rows_b] + ctx, obs_len)]
+        comp_out = _gather_index(out_start[1::2], comp_len)
+        values[comp_out] = C.values[_gather_index(C.starts[rows_b], comp_len)]
+        tr_b = tr_of_call[calls] - n_a
+        n_b = n_tr - n_a
+        lengths = np.bincount(tr_b, weights=obs_len + comp_len, minlength=n_b).astype(np.int64)
+        comps.append(_list_array(lengths, pa.array(values.astype(np.int32, copy=False))))
+        masks.append(_list_array(lengths, pa.array(
+            np.repeat(np.tile(np.array([0, 1], np.int8), len(calls)), seg_len))))
+        ok_b = tr_lp_ok[n_a:]
+        if ok_b.any():
+            lp_vals = np.zeros(len(values), np.float64)
+            has = lp_ok_o[calls]
+            if has.all():
+                lp_vals[comp_out] = L.values[_gather_index(L.starts[rows_b], comp_len)]
+            else:
+                src_len = np.where(has, comp_len, 0)
+                lp_vals[_gather_index(out_start[1::2], src_len)] = L.values[
+                    _gather_index(np.where(has, L.starts[rows_b], 0), src_len)]
+            lps.append(_list_array(lengths, pa.array(lp_vals.astype(np.float32)), mask=~ok_b))
+        else:
+            lps.append(pa.nulls(n_b, pa.list_(pa.float32())))
 
     # -- keys, rewards, groups, advantages ----------------------------------------------------
-    take_first = pa.array(first_row)
+    take_first = pa.array(first_local)
     t_ep = ep.take(take_first)
     t_task = _arr(llm["task_id"]).take(take_first)
     t_agent = agent.take(take_first)
     t_turn = turn.take(take_first)
-    t_ep_codes = ep_codes[first_row]
-    t_agent_codes = agent_codes[first_row]
+    t_ep_codes = ep_codes[first_local]
     t_turn_np = pc.fill_null(t_turn, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    t_turn_valid = pc.is_valid(t_turn).to_numpy(zero_copy_only=False)
+    t_turn_valid = (pc.is_valid(t_turn).to_numpy(zero_copy_only=False) if t_turn.null_count
+                    else np.ones(n_tr, bool))
 
     team = np.array([r.team if r is not None else 0.0 for r in ep_rewards], np.float64)
     team_t = team[t_ep_codes]
     if cfg.gamma != 1.0:
-        ea = _combine(t_ep_codes, t_agent_codes)
-        last = np.full(int(ea.max()) + 1, np.iinfo(np.int64).min, np.int64)
+        ea = _combine(t_ep_codes, agent_codes[first_local])
+        low = np.iinfo(np.int64).min
+        last = np.full(int(ea.max()) + 1, low, np.int64)
         np.maximum.at(last, ea[t_turn_valid], t_turn_np[t_turn_valid])
         last_t = last[ea]
-        has_disc = t_turn_valid & (last_t != np.iinfo(np.int64).min)
+        has_disc = t_turn_valid & (last_t != low)
         exps = np.where(has_disc, last_t - t_turn_np, 0)
         uniq, inv = np.unique(exps, return_inverse=True)
         disc = np.array([cfg.gamma ** int(e) for e in uniq], np.float64)[inv.reshape(-1)]
-        disc = np.where(has_disc, disc, 1.0)
-        team_t = team_t * disc
+        team_t = team_t * np.where(has_disc, disc, 1.0)
     if cfg.algorithm == "lightning_rl":
         reward = team_t
     else:
@@ -374,8 +411,8 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         reward, _codes(group_id), t_ep_codes, unit=cfg.advantage_unit,
         scale=cfg.scale_advantages)
 
-    no_task = t_task.null_count
-    _note(stats.notes, "transition without task id (its own group: no GRPO signal)", no_task)
+    _note(stats.notes, "transition without task id (its own group: no GRPO signal)",
+          t_task.null_count)
     stats.transitions = n_tr
     stats.rewards = reward.tolist()
     stats.groups, stats.zero_variance_groups = n_groups_out, zero_var
@@ -392,17 +429,20 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         "candidate_index": meta("candidate_index"), "trace_id": meta("trace_id"),
         "span_id": meta("span_id"), "merged_calls": pa.array(merged_calls),
         "request_model": meta("request_model"), "policy_version": meta("policy_version"),
-        "prompt_ids": prompt_ids, "completion_ids": completion_ids,
-        "completion_mask": completion_mask, "behaviour_logprobs": behaviour,
+        "prompt_ids": prompt_ids, "completion_ids": pa.chunked_array(comps),
+        "completion_mask": pa.chunked_array(masks),
+        "behaviour_logprobs": pa.chunked_array(lps, pa.list_(pa.float32())),
         "reward": pa.array(reward), "group_id": group_id, "advantage": pa.array(advantage),
         "retokenized": pa.array(np.zeros(n_tr, bool)),
         "start_time_unix_nano": meta("start_time_unix_nano"),
     }
-    arrays = []
+    columns = []
     for f in TRANSITION_SCHEMA:
         a = data[f.name]
-        arrays.append(a if a.type == f.type else a.cast(f.type))
-    return pa.Table.from_arrays(arrays, schema=TRANSITION_SCHEMA)
+        if not isinstance(a, pa.ChunkedArray):
+            a = pa.chunked_array([a])
+        columns.append(a if a.type == f.type else a.cast(f.type))
+    return pa.Table.from_arrays(columns, schema=TRANSITION_SCHEMA)
 
 
 def _advantages(reward: np.ndarray, group: np.ndarray, episode: np.ndarray, *, unit: str,

@@ -22,9 +22,22 @@ ids, episodes without a reward (``missing_reward``), clock skew (end before star
 unreadable files are skipped or noted and counted. The converter does not walk parent links
 (every span carries its scope), so orphans, missing parents and cycles cannot derail it.
 
-Memory: ``convert`` reads small datasets whole; past ``max_rows_in_memory`` it first spills the
-rows to hash buckets by task (temporary Parquet; a GRPO group spans the episodes of one task)
-and converts bucket by bucket, so memory follows the bucket size, not the dataset. Pure table in, table out: ``spans_to_transitions``.
+Speed: the conversion is columnar (``agl_bridge.trainer.columnar``: Arrow and numpy, token ids
+never become Python objects). The per-call Python loop it replaced stays as
+``reference_spans_to_transitions``: the oracle the fast path is tested against, and the path
+for retokenization.
+
+Memory: ``convert`` streams. A first pass over three small columns (episode, trace, task)
+finds where each *unit* has been read whole: a unit is a task with all its episodes (a GRPO
+group spans the episodes of one task; episodes that share tasks are joined), or an episode
+without a task. The second pass reads batches of 16k rows, converts every unit as soon as it is
+complete and writes its transitions, holding back only the rows of units still open. Memory
+follows the batch size and the units in flight, not the dataset. If the first pass finds that
+more than ``max_rows_in_memory`` rows would be held back (a task's episodes spread over the
+whole input), ``convert`` instead spills the rows to hash buckets by task (temporary Parquet)
+and converts bucket by bucket. Pure table in, table out: ``spans_to_transitions``.
+
+Duplicate span ids are detected within a unit (a span exported twice lies in its own episode).
 """
 
 from __future__ import annotations
@@ -271,15 +284,23 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
         return reference_spans_to_transitions(spans, cfg, source=source)
 
 
-def _fast_spans_to_transitions(spans: pa.Table, cfg: ConvertConfig, source: str
-                               ) -> tuple[pa.Table, ConversionStats]:
-    stats = ConversionStats(spans=spans.num_rows)
-    spans = columnar.conform(spans)
+def _fast_spans_to_transitions(spans: pa.Table, cfg: ConvertConfig, source: str,
+                               select: Any = None) -> tuple[pa.Table, ConversionStats]:
+    """The columnar path over the rows ``select`` (a numpy boolean mask; all without)."""
+    spans = columnar.conform(spans).combine_chunks()
     episodes = columnar.episode_keys(spans)
-    stats.episodes = len(pc.unique(episodes))
     is_reward = pc.is_valid(spans["reward_value"])
-    rewards = _rewards(spans.filter(is_reward), stats, source)
-    table = columnar.convert_table(spans, cfg, stats, rewards, episodes=episodes)
+    if select is None:
+        stats = ConversionStats(spans=spans.num_rows)
+        stats.episodes = len(pc.unique(episodes))
+    else:
+        stats = ConversionStats(spans=int(select.sum()))
+        stats.episodes = len(pc.unique(episodes.filter(pa.array(select))))
+        is_reward = pc.and_(is_reward, pa.array(select))
+    reward_rows = spans.select(["trace_id", "span_id", "episode_id", "agent_name", "turn_index",
+                                "reward_value", "reward_scope"]).filter(is_reward)
+    rewards = _rewards(reward_rows, stats, source)
+    table = columnar.convert_table(spans, cfg, stats, rewards, episodes=episodes, select=select)
     return table, stats
 
 
@@ -533,10 +554,13 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
     gzipped too). Spans already in memory: ``spans_to_transitions(spans_to_table(spans))``.
 
     Only the columns conversion uses are read (the JSON blobs only when retokenizing).
-    Past ``max_rows_in_memory`` span rows, rows are first spilled to hash buckets by task (a
-    GRPO group spans the episodes of one task), so every group is converted whole while memory
-    stays near one bucket. ``progress(done,
-    total)`` is called per bucket.
+    Streams: units (a task with its episodes) are converted as soon as they have been read
+    whole, so memory stays near a batch plus the units in flight (see the module docstring).
+    If more than ``max_rows_in_memory`` rows would wait for their unit, or when retokenizing,
+    rows are instead spilled to hash buckets by task (a GRPO group spans the episodes of one
+    task) and converted bucket by bucket (a dataset of at most ``max_rows_in_memory`` rows
+    that cannot stream is converted in memory). ``progress(done, total)`` is called per batch
+    read (streaming) or per bucket.
     """
     cfg = config or ConvertConfig()
     if missing_reward is not None:
@@ -561,6 +585,11 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
     if not files:
         raise FileNotFoundError(f"no span Parquet files under {source}")
     columns = _columns_for(cfg)
+    if not cfg.retokenize:
+        plan = _stream_plan(files, max_rows_in_memory)
+        if plan is not None:
+            return _convert_streaming(plan, out_path, cfg, columns, f" (under {source})",
+                                      progress)
     total_rows = 0
     for path in files:
         try:
@@ -623,6 +652,248 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
         return stats
     finally:
         shutil.rmtree(spill, ignore_errors=True)
+
+
+# -- streaming: episode-complete chunks --------------------------------------------------------
+@dataclass
+class _StreamPlan:
+    files: list[tuple[Path, int, str | None]]  # path, first row's position, why unreadable
+    episodes: pa.Array  # episode keys
+    done_at: Any  # numpy: position after which each episode's whole unit has been read
+    batch_rows: int
+    batches: int
+
+
+_PLAN_COLUMNS = ["episode_id", "trace_id", "task_id"]
+
+
+def _stream_plan(files: list[Path], max_rows_in_memory: int) -> _StreamPlan | None:
+    """First pass, over three small columns: where each episode's unit (its task: a GRPO group
+    spans the episodes of one task; an episode without a task is its own unit) has been read
+    whole. None when streaming would hold more than ``max_rows_in_memory`` rows waiting for
+    units to complete (units spread across the whole input): then the caller spills."""
+    import numpy as np
+
+    batch_rows = max(1, min(16_384, max_rows_in_memory // 2))
+    parts, pairs, plan_files, boundaries = [], [], [], []
+    pos = 0
+    for path in files:
+        try:
+            t = read_checked(path, REQUIRED_SPAN_COLUMNS,
+                             [c for c in _PLAN_COLUMNS if c])
+        except SchemaError:
+            raise
+        except (pa.ArrowInvalid, OSError) as exc:
+            plan_files.append((path, pos, type(exc).__name__))
+            continue
+        plan_files.append((path, pos, None))
+        n = t.num_rows
+        boundaries += list(range(pos + batch_rows, pos + n, batch_rows)) + [pos + n]
+        task = t["task_id"] if "task_id" in t.column_names else pa.nulls(n, pa.string())
+        rows = pa.table({"e": columnar.episode_keys(t), "task": task,
+                         "pos": pa.array(np.arange(pos, pos + n, dtype=np.int64))})
+        parts.append(rows.group_by("e", use_threads=False).aggregate(
+            [("pos", "min"), ("pos", "max"), ("pos", "count")]))
+        pairs.append(rows.filter(pc.is_valid(rows["task"])).group_by(
+            ["e", "task"], use_threads=False).aggregate([]))
+        pos += n
+    if not parts:
+        return _StreamPlan(plan_files, pa.array([], pa.string()), np.zeros(0, np.int64),
+                           batch_rows, 0)
+    eps = pa.concat_tables(parts).group_by("e", use_threads=False).aggregate(
+        [("pos_min", "min"), ("pos_max", "max"), ("pos_count", "sum")])
+    eps = eps.rename_columns(["e", "first", "last", "count"])
+    pairs = pa.concat_tables(pairs).group_by(["e", "task"], use_threads=False).aggregate([])
+    eps = eps.join(_units(pairs), "e", join_type="left outer")
+    eps = eps.set_column(eps.schema.get_field_index("unit"), "unit",
+                         pc.coalesce(eps["unit"], pc.binary_join_element_wise("e:", eps["e"], "")))
+    units = eps.group_by("unit", use_threads=False).aggregate(
+        [("first", "min"), ("last", "max"), ("count", "sum")])
+    units = units.rename_columns(["unit", "first", "last", "count"])
+    eps = eps.select(["e", "unit"]).join(units, "unit", join_type="inner")
+    first = units["first"].to_numpy()
+    last = units["last"].to_numpy()
+    count = units["count"].to_numpy()
+    # rows held at a batch boundary b: those of units begun before b and not complete at b
+    b = np.asarray(sorted(boundaries), np.int64)
+    lo = np.searchsorted(b, first, side="right")
+    hi = np.searchsorted(b, last, side="right")
+    held = np.zeros(len(b) + 1, np.int64)
+    np.add.at(held, lo, count)
+    np.add.at(held, np.minimum(hi, len(b)), -count)
+    if len(b) and int(np.cumsum(held)[:-1].max(initial=0)) > max_rows_in_memory:
+        return None
+    return _StreamPlan(plan_files, columnar._arr(eps["e"]),
+                       eps["last"].to_numpy(), batch_rows, len(boundaries))
+
+
+def _units(pairs: pa.Table) -> pa.Table:
+    """Episode -> unit from the distinct (episode, task) pairs: the task, or where episodes
+    have several tasks, the connected component of episodes and tasks (union-find)."""
+    if len(pc.unique(pairs["e"])) == pairs.num_rows:  # one task per episode: the usual case
+        return pa.table({"e": pairs["e"], "unit": pc.binary_join_element_wise(
+            "t:", pairs["task"], "")})
+    parent: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def root(x: tuple[str, str]) -> tuple[str, str]:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for e, t in zip(pairs["e"].to_pylist(), pairs["task"].to_pylist()):
+        a, b = root(("e", e)), root(("t", t))
+        if a != b:
+            parent[a] = b
+    episodes = sorted({e for e in pairs["e"].to_pylist()})
+    return pa.table({"e": episodes, "unit": [":".join(root(("e", e))) for e in episodes]})
+
+
+_STRING_COLUMNS = [f.name for f in TRANSITION_SCHEMA if pa.types.is_string(f.type)]
+
+
+def _read_ahead(plan: _StreamPlan, columns: list[str]) -> Iterator[tuple]:
+    """The second pass's reads, one batch ahead in a thread (Parquet decoding releases the
+    GIL): ("batch", path, table), ("unreadable", path, why), ("read", path) per file."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(item: tuple) -> None:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def work() -> None:
+        try:
+            for path, _, unreadable in plan.files:
+                if unreadable:
+                    put(("unreadable", path, unreadable))
+                    continue
+                try:
+                    pf = pq.ParquetFile(path)
+                    names = set(pf.schema_arrow.names)
+                    for batch in pf.iter_batches(batch_size=plan.batch_rows,
+                                                 columns=[c for c in columns if c in names]):
+                        put(("batch", path, columnar.conform(pa.Table.from_batches([batch]))))
+                        if stop.is_set():
+                            return
+                except (pa.ArrowInvalid, OSError) as exc:
+                    put(("unreadable", path, type(exc).__name__))
+                    continue
+                put(("read", path))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(("error", exc))
+        put(("end",))
+
+    thread = threading.Thread(target=work, name="agl-bridge-convert-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item[0] == "end":
+                return
+            if item[0] == "error":
+                raise item[1]
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg: ConvertConfig,
+                       columns: list[str], source: str,
+                       progress: Callable[[int, int], None] | None) -> ConversionStats:
+    """Second pass: read in batches; convert the rows of every unit read whole, hold the others
+    back; write the transitions as they come. Reading, converting and writing overlap (a
+    reader thread one batch ahead, a writer thread one table behind). Memory: a few batches
+    plus the held rows."""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+
+    stats = ConversionStats()
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".tmp-{os.getpid()}-{out_path.name}")
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    done_batches = 0
+    writes: list = []
+
+    def flush(pool: ThreadPoolExecutor, writer: pq.ParquetWriter) -> None:
+        nonlocal pending, pending_rows
+        if pending:
+            while writes:  # at most one table waits to be written
+                writes.pop(0).result()
+            writes.append(pool.submit(writer.write_table, pa.concat_tables(pending)))
+            pending, pending_rows = [], 0
+
+    def convert_rows(rows: pa.Table, select: Any, pool, writer: pq.ParquetWriter) -> None:
+        nonlocal pending_rows
+        try:
+            table, part = _fast_spans_to_transitions(rows, cfg, source, select)
+        except columnar.Unsupported:
+            if select is not None:
+                rows = rows.filter(pa.array(select))
+            table, part = reference_spans_to_transitions(rows, cfg, source=source)
+        stats.merge(part)
+        if table.num_rows:
+            pending.append(table)
+            pending_rows += table.num_rows
+            if pending_rows >= 16_384:
+                flush(pool, writer)
+
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f, ThreadPoolExecutor(1, "agl-bridge-convert-write") as pool:
+            writer = pq.ParquetWriter(f, TRANSITION_SCHEMA, compression="zstd",
+                                      use_dictionary=_STRING_COLUMNS)
+            try:
+                held: pa.Table | None = None
+                pos = 0
+                for item in _read_ahead(plan, columns):
+                    if item[0] == "unreadable":
+                        stats.notes[f"unreadable file skipped: {item[1].name} ({item[2]})"] += 1
+                        continue
+                    if item[0] == "read":
+                        stats.files += 1
+                        continue
+                    rows = item[2]
+                    pos += rows.num_rows
+                    if held is not None:
+                        rows = pa.concat_tables([held, rows])
+                    rows = rows.combine_chunks()
+                    idx = pc.index_in(columnar.episode_keys(rows), value_set=plan.episodes)
+                    done_at = plan.done_at[pc.fill_null(idx, 0).to_numpy()]
+                    complete = (done_at < pos) & pc.is_valid(idx).to_numpy(zero_copy_only=False)
+                    held = (None if complete.all() else
+                            rows.filter(pa.array(~complete)).combine_chunks())
+                    if complete.any():
+                        convert_rows(rows, complete, pool, writer)
+                    done_batches += 1
+                    if progress:
+                        progress(min(done_batches, plan.batches - 1), plan.batches)
+                if held is not None and held.num_rows:  # units cut short by an unreadable file
+                    convert_rows(held, None, pool, writer)
+                flush(pool, writer)
+                while writes:
+                    writes.pop(0).result()
+            finally:
+                writer.close()
+            f.flush()
+            os.fsync(f.fileno())
+        if progress:
+            progress(plan.batches, plan.batches)
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    del np
+    return stats
 
 
 _OTLP_JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
