@@ -8,6 +8,7 @@ from agl_bridge.trainer.losses import (
     grpo_clip_loss,
     importance_weights,
     kl_k3,
+    linear_token_logprobs,
     token_logprobs,
 )
 
@@ -18,6 +19,39 @@ def test_token_logprobs_match_log_softmax():
     targets = torch.randint(0, 11, (2, 3))
     expected = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(token_logprobs(logits, targets), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("tile_bytes", [4 * 50, 4 * 50 * 3, 1 << 20])  # 1 row, 3 rows, all
+def test_linear_token_logprobs_match_the_full_logits_path_with_gradients(tile_bytes):
+    torch.manual_seed(0)
+    hidden = torch.randn(10, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 8, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(50, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (10,))
+    logits = hidden @ weight.T + bias  # float64 all through (token_logprobs computes in float32)
+    expected = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    got = linear_token_logprobs(hidden, weight, targets, bias, tile_bytes=tile_bytes)
+    assert torch.allclose(got, expected)
+    upstream = torch.randn(10, dtype=torch.float64)
+    want = torch.autograd.grad((expected * upstream).sum(), (hidden, weight, bias))
+    have = torch.autograd.grad((got * upstream).sum(), (hidden, weight, bias))
+    assert all(torch.allclose(a, b) for a, b in zip(want, have))
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: linear_token_logprobs(h, w, targets, b, tile_bytes=tile_bytes),
+        (hidden, weight, bias))
+
+
+def test_linear_token_logprobs_float32_without_bias_and_frozen_weight():
+    torch.manual_seed(1)
+    hidden = torch.randn(7, 16, requires_grad=True)
+    weight = torch.randn(300, 16)  # a frozen (tied) head: no weight gradient is computed
+    targets = torch.randint(0, 300, (7,))
+    got = linear_token_logprobs(hidden, weight, targets, tile_bytes=4 * 300 * 2)
+    expected = token_logprobs(hidden @ weight.T, targets)
+    assert got.dtype == torch.float32 and torch.allclose(got, expected, atol=1e-5)
+    (g_have,) = torch.autograd.grad(got.sum(), hidden)
+    (g_want,) = torch.autograd.grad(expected.sum(), hidden)
+    assert torch.allclose(g_have, g_want, atol=1e-5)
 
 
 def test_clip_loss_by_hand():

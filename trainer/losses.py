@@ -23,6 +23,70 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(logits.float(), dim=-1)
 
 
+class _LinearTokenLogprobs(torch.autograd.Function):
+    """log p(target) of ``hidden @ weight.T + bias`` in tiles of rows; logits are recomputed in
+    backward, never kept. Forward and backward each hold one [rows, V] tile at a time."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, rows: int):
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        n = hidden.size(0)
+        out = torch.empty(n, dtype=acc, device=hidden.device)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        for s in range(0, n, rows):
+            e = min(n, s + rows)
+            logits = torch.nn.functional.linear(hidden[s:e], weight, bias).to(acc)
+            lse[s:e] = torch.logsumexp(logits, dim=-1)
+            out[s:e] = logits.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
+            del logits
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_bias = torch.zeros_like(bias) if need_bias and bias is not None else None
+        grad = grad.to(lse.dtype)
+        n, rows = hidden.size(0), ctx.rows
+        for s in range(0, n, rows):
+            e = min(n, s + rows)
+            logits = torch.nn.functional.linear(hidden[s:e], weight, bias).to(lse.dtype)
+            # d log p_t / d z = onehot(t) - softmax(z), in place on the recomputed tile
+            g = logits.sub_(lse[s:e, None]).exp_().mul_(-grad[s:e, None])
+            g.scatter_add_(-1, targets[s:e, None], grad[s:e, None])
+            g = g.to(hidden.dtype)
+            if grad_hidden is not None:
+                torch.mm(g, weight, out=grad_hidden[s:e])
+            if grad_weight is not None:
+                grad_weight.addmm_(g.t(), hidden[s:e])
+            if grad_bias is not None:
+                grad_bias.add_(g.sum(0))
+            del logits, g
+        return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          bias: torch.Tensor | None = None, *,
+                          tile_bytes: int | None = None) -> torch.Tensor:
+    """``token_logprobs(hidden @ weight.T + bias, targets)`` for ``hidden`` [N, H], ``targets``
+    [N], without a [N, V] logits tensor in forward or backward.
+
+    The LM head runs on tiles of rows of about ``tile_bytes`` of logits (default 8 MiB on the
+    CPU, 256 MiB on an accelerator) and is recomputed in backward (one more head matmul, a few
+    percent of a step), so no vocabulary-sized tensor of the whole batch is ever alive: saved
+    for backward are only ``hidden`` and one log-normaliser per row. Returns float32 (float64
+    for float64 input), like ``token_logprobs``.
+    """
+    if tile_bytes is None:
+        tile_bytes = (8 if hidden.device.type == "cpu" else 256) << 20
+    rows = max(1, tile_bytes // (4 * weight.size(0)))
+    return _LinearTokenLogprobs.apply(hidden, weight, bias, targets, rows)
+
+
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: LossType,
               max_completion_length: int | None = None) -> torch.Tensor:
     """Average token losses [B, T] over the tokens in ``mask``.

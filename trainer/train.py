@@ -39,6 +39,7 @@ from agl_bridge.trainer.losses import (
     LossType,
     grpo_clip_loss,
     importance_weights,
+    linear_token_logprobs,
     token_logprobs,
 )
 
@@ -170,15 +171,21 @@ def _collate(rows: list[dict[str, Any]], pad_id: int, device: torch.device
 
 def completion_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Log-probabilities of the completion tokens. The LM head runs on completion positions only,
-    so no [batch, sequence, vocabulary] logits tensor is ever built."""
+    and (a plain linear head, the usual case) in tiles whose logits are recomputed in backward
+    (``linear_token_logprobs``): no [batch, completion, vocabulary] logits tensor is kept for
+    backward, which with gradient checkpointing was most of the step's live memory."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     body = getattr(lm, lm.base_model_prefix)  # the decoder stack without its LM head
     head = model.get_output_embeddings()
-    hidden = body(input_ids=batch["input_ids"],
-                  attention_mask=batch["attention_mask"]).last_hidden_state
+    hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                  use_cache=False).last_hidden_state
     idx = batch["positions"].unsqueeze(-1).expand(-1, -1, hidden.size(-1))
-    logits = head(hidden.gather(1, idx))
-    return token_logprobs(logits, batch["targets"])
+    picked = hidden.gather(1, idx)  # [B, C, H]
+    if type(head) is not torch.nn.Linear:  # e.g. a LoRA-wrapped head: its own forward
+        return token_logprobs(head(picked), batch["targets"])
+    b, c, h = picked.shape
+    return linear_token_logprobs(picked.reshape(b * c, h), head.weight,
+                                 batch["targets"].reshape(b * c), head.bias).view(b, c)
 
 
 # -- model ------------------------------------------------------------------------------------
@@ -196,8 +203,10 @@ def _load(base_model, cfg: GRPOConfig, adapter_names: list[str],
     device, dtype = _device_and_dtype(cfg)
     model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(device)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.enable_input_require_grads()
+        # non-reentrant (the default of transformers 5, not of 4.x): it needs no inputs that
+        # require grad, and recomputes only what backward asks for
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()  # what peft does anyway, and harmless
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
     first, *rest = adapter_names
