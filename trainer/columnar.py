@@ -65,8 +65,68 @@ def episode_keys(table: pa.Table) -> pa.Array:
     ep = table["episode_id"]
     if ep.null_count == 0:
         return ep.combine_chunks() if isinstance(ep, pa.ChunkedArray) else ep
-    key = pc.coalesce(ep, pc.binary_join_element_wise("trace:", table["trace_id"], ""))
+    key = pc.coalesce(ep, pc.binary_join_element_wise(lit("trace:"), table["trace_id"], lit("")))
     return key.combine_chunks() if isinstance(key, pa.ChunkedArray) else key
+
+
+def to_numpy(arr) -> np.ndarray:
+    """An Arrow array (chunked too) as numpy: numbers without nulls zero-copy, booleans
+    unpacked (null as False), numbers with nulls refused. (``to_numpy(zero_copy_only=False)``
+    would import pandas, 0.5 s, when installed.)"""
+    arr = _arr(arr)
+    if pa.types.is_boolean(arr.type):
+        n, off = len(arr), arr.offset
+        bits = np.frombuffer(arr.buffers()[1], np.uint8)
+        out = np.unpackbits(bits, bitorder="little", count=off + n)[off:].astype(bool)
+        if arr.null_count:
+            valid = np.unpackbits(np.frombuffer(arr.buffers()[0], np.uint8), bitorder="little",
+                                  count=off + n)[off:].astype(bool)
+            out &= valid
+        return out
+    if arr.null_count:
+        raise ValueError("to_numpy: nulls in a number array")
+    dtype = _NUMPY_TYPES[str(arr.type)]
+    buf = arr.buffers()[1]
+    if buf is None:
+        return np.zeros(0, dtype)
+    return np.frombuffer(buf, dtype)[arr.offset:arr.offset + len(arr)]
+
+
+_NUMPY_TYPES = {name: np.dtype(name) for name in (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
+_NUMPY_TYPES.update({"float": np.dtype(np.float32), "double": np.dtype(np.float64)})
+
+
+def lit(value, typ: pa.DataType | None = None) -> pa.Scalar:
+    """A Python value as an Arrow scalar for compute functions (which would otherwise convert
+    it with ``pa.scalar``, importing pandas when installed: 0.4 s and 40 MiB)."""
+    if isinstance(value, str):
+        data = value.encode()
+        offsets = np.array([0, len(data)], np.int32)
+        return pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(offsets),
+                                                      pa.py_buffer(data)])[0]
+    if isinstance(value, bool):
+        return np_array(np.array([value], bool))[0]
+    if isinstance(value, int):
+        return np_array(np.array([value], typ.to_pandas_dtype() if typ is not None
+                                 else np.int64))[0]
+    raise TypeError(f"lit: {type(value).__name__}")
+
+
+def np_array(values, valid=None) -> pa.Array:
+    """A numpy array (numbers or bools; ``valid``: optional mask of non-null) as an Arrow
+    array, zero-copy for numbers. (``pa.array`` would import pandas, 0.5 s, when installed.)"""
+    values = np.ascontiguousarray(values)
+    bitmap = None
+    if valid is not None:
+        valid = np.asarray(valid, bool)
+        if not valid.all():
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    if values.dtype == np.bool_:
+        return pa.Array.from_buffers(pa.bool_(), len(values), [
+            bitmap, pa.py_buffer(np.packbits(values, bitorder="little"))])
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values),
+                                 [bitmap, pa.py_buffer(values)])
 
 
 def _arr(col) -> pa.Array:
@@ -76,7 +136,7 @@ def _arr(col) -> pa.Array:
 def _codes(col) -> np.ndarray:
     """Dense int64 codes of a column, null a value of its own; equal values, equal codes."""
     enc = pc.dictionary_encode(_arr(col), null_encoding="encode")
-    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return to_numpy(enc.indices).astype(np.int64, copy=False)
 
 
 def _combine(*codes: np.ndarray) -> np.ndarray:
@@ -85,16 +145,6 @@ def _combine(*codes: np.ndarray) -> np.ndarray:
     for c in codes[1:]:
         out = np.unique(out * (int(c.max(initial=0)) + 1) + c, return_inverse=True)[1]
     return out.astype(np.int64, copy=False).reshape(-1)
-
-
-def _flat(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(values, start of each list in values, length of each list) of a list array."""
-    offsets = arr.offsets.to_numpy()
-    values = arr.values
-    if values.null_count:
-        raise Unsupported("null inside an id list")
-    return (values.to_numpy(zero_copy_only=False), offsets[:-1].astype(np.int64),
-            np.diff(offsets).astype(np.int64))
 
 
 def _gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -148,11 +198,11 @@ class _Lists:
 
     def __init__(self, col) -> None:
         self.array = _arr(col)
-        offsets = self.array.offsets.to_numpy()
+        offsets = to_numpy(self.array.offsets)
         self.starts = offsets[:-1].astype(np.int64)
         self.lengths = np.diff(offsets).astype(np.int64)
-        self.valid = (self.array.is_valid().to_numpy(zero_copy_only=False)
-                      if self.array.null_count else np.ones(len(self.array), bool))
+        self.valid = (to_numpy(self.array.is_valid()) if self.array.null_count
+                      else np.ones(len(self.array), bool))
         self._values = None
 
     @property
@@ -161,7 +211,7 @@ class _Lists:
             values = self.array.values
             if values.null_count:
                 raise Unsupported("null inside a list")
-            self._values = values.to_numpy(zero_copy_only=False)
+            self._values = to_numpy(values)
         return self._values
 
 
@@ -171,8 +221,8 @@ def _list_array(lengths: np.ndarray, values: pa.Array, mask: np.ndarray | None =
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] >= 2**31:
         raise Unsupported("more than 2**31 list values in one chunk")
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values,
-                                    mask=None if mask is None else pa.array(mask))
+    return pa.ListArray.from_arrays(np_array(offsets.astype(np.int32)), values,
+                                    mask=None if mask is None else np_array(mask))
 
 
 def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Array,
@@ -182,8 +232,8 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     reference's reward reader; ``stats`` is filled in. Id lists are read where they lie."""
     from agl_bridge.trainer.credit import EpisodeRewards
 
-    is_llm = pc.fill_null(pc.equal(spans["operation_name"], sc.OP_CHAT), False)
-    is_llm = _arr(is_llm).to_numpy(zero_copy_only=False)
+    is_llm = pc.fill_null(pc.equal(spans["operation_name"], lit(sc.OP_CHAT)), lit(False))
+    is_llm = to_numpy(_arr(is_llm))
     if select is not None:
         is_llm = is_llm & select
     li = np.flatnonzero(is_llm)
@@ -191,14 +241,14 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     stats.llm_spans = n
     if n == 0:
         return TRANSITION_SCHEMA.empty_table()
-    llm = spans.select(list(_SMALL)).take(pa.array(li))
-    ep = _arr(_arr(episodes).take(pa.array(li)))
+    llm = spans.select(list(_SMALL)).take(np_array(li))
+    ep = _arr(_arr(episodes).take(np_array(li)))
     P = _Lists(spans["prompt_token_ids"])
     C = _Lists(spans["completion_token_ids"])
     L = _Lists(spans["completion_logprobs"])
 
     # -- dedup, skips, notes (the reference's per-row checks, as masks) ------------------------
-    ident = _arr(pc.binary_join_element_wise(llm["trace_id"], llm["span_id"], "\x00"))
+    ident = _arr(pc.binary_join_element_wise(llm["trace_id"], llm["span_id"], lit("\x00")))
     _, first_idx = np.unique(_codes(ident), return_index=True)
     first = np.zeros(n, bool)
     first[first_idx] = True
@@ -213,14 +263,15 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     lp_valid = L.valid[li]
     bad_lp = keep & lp_valid & (L.lengths[li] != clen)
     _note(stats.notes, "logprobs length differs from completion (logprobs dropped)", bad_lp.sum())
-    skew = pc.fill_null(pc.less(llm["end_time_unix_nano"], llm["start_time_unix_nano"]), False)
-    skew = _arr(skew).to_numpy(zero_copy_only=False)
+    skew = pc.fill_null(pc.less(llm["end_time_unix_nano"], llm["start_time_unix_nano"]),
+                        lit(False))
+    skew = to_numpy(_arr(skew))
     _note(stats.notes, "span ends before it starts (clock skew; kept)", (keep & skew).sum())
     lp_ok = lp_valid & ~bad_lp
 
     def narrow(sel: np.ndarray) -> None:
         nonlocal llm, ep, li, lp_ok, n
-        t = pa.array(sel)
+        t = np_array(sel)
         llm, ep = llm.take(t), _arr(ep.take(t))
         li, lp_ok, n = li[sel], lp_ok[sel], len(sel)
 
@@ -235,7 +286,7 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
 
     # -- rewards: episodes without one are dropped or filled -----------------------------------
     enc = pc.dictionary_encode(ep, null_encoding="encode")
-    ep_codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    ep_codes = to_numpy(enc.indices).astype(np.int64)
     ep_rewards = []
     for e in enc.dictionary.to_pylist():
         r = rewards.get(e)
@@ -251,7 +302,7 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         _note(stats.skipped, "episode has no reward", (~has_reward).sum())
         sel = np.flatnonzero(has_reward)
         ep_codes = ep_codes[sel]
-        turn = _arr(turn.take(pa.array(sel)))
+        turn = _arr(turn.take(np_array(sel)))
         narrow(sel)
         if n == 0:
             return TRANSITION_SCHEMA.empty_table()
@@ -273,12 +324,13 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         if n_single < n:
             # inside a multi-call group: (start or 0, span id), as the reference sorts
             sub = order[n_single:]
-            start0 = pc.fill_null(llm["start_time_unix_nano"], 0)
-            keys = pa.table({"g": gfirst[sub], "s": _arr(start0).take(pa.array(sub)),
-                             "id": _arr(llm["span_id"]).take(pa.array(sub)), "r": sub})
+            start0 = pc.fill_null(llm["start_time_unix_nano"], lit(0))
+            keys = pa.table({"g": np_array(gfirst[sub]), "s": _arr(start0).take(np_array(sub)),
+                             "id": _arr(llm["span_id"]).take(np_array(sub)),
+                             "r": np_array(sub)})
             idx = pc.sort_indices(keys, sort_keys=[("g", "ascending"), ("s", "ascending"),
                                                     ("id", "ascending"), ("r", "ascending")])
-            order[n_single:] = sub[idx.to_numpy()]
+            order[n_single:] = sub[to_numpy(idx)]
     else:
         order = np.lexsort((row, gfirst))
         n_single = n
@@ -311,16 +363,16 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     lp_ok_o = lp_ok[order]
     tr_lp_ok = np.bincount(tr_of_call, weights=~lp_ok_o, minlength=n_tr) == 0
 
-    prompt_ids = P.array.take(pa.array(first_rows))
+    prompt_ids = P.array.take(np_array(first_rows))
     # single calls (the groups of one call come first): their lists as they are
     n_a = int(np.searchsorted(first_pos, n_single)) if n_single < n else n_tr
-    rows_a = pa.array(g_rows[:n_single])
+    rows_a = np_array(g_rows[:n_single])
     comp_a = C.array.take(rows_a)
-    mask_a = pa.ListArray.from_arrays(comp_a.offsets, pa.array(
+    mask_a = pa.ListArray.from_arrays(comp_a.offsets, np_array(
         np.ones(len(comp_a.values), np.int8)))
     lp_a = L.array.take(rows_a).cast(pa.list_(pa.float32()))
     if not tr_lp_ok[:n_a].all():
-        lp_a = pc.if_else(pa.array(tr_lp_ok[:n_a]), lp_a, pa.nulls(n_a, lp_a.type))
+        lp_a = pc.if_else(np_array(tr_lp_ok[:n_a]), lp_a, pa.nulls(n_a, lp_a.type))
     comps, masks, lps = [comp_a], [mask_a], [lp_a]
     if n_single < n:  # calls of multi-call groups: observation (mask 0) + completion (mask 1)
         calls = np.arange(n_single, n)
@@ -341,8 +393,8 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         tr_b = tr_of_call[calls] - n_a
         n_b = n_tr - n_a
         lengths = np.bincount(tr_b, weights=obs_len + comp_len, minlength=n_b).astype(np.int64)
-        comps.append(_list_array(lengths, pa.array(values.astype(np.int32, copy=False))))
-        masks.append(_list_array(lengths, pa.array(
+        comps.append(_list_array(lengths, np_array(values.astype(np.int32, copy=False))))
+        masks.append(_list_array(lengths, np_array(
             np.repeat(np.tile(np.array([0, 1], np.int8), len(calls)), seg_len))))
         ok_b = tr_lp_ok[n_a:]
         if ok_b.any():
@@ -354,19 +406,19 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
                 src_len = np.where(has, comp_len, 0)
                 lp_vals[_gather_index(out_start[1::2], src_len)] = L.values[
                     _gather_index(np.where(has, L.starts[rows_b], 0), src_len)]
-            lps.append(_list_array(lengths, pa.array(lp_vals.astype(np.float32)), mask=~ok_b))
+            lps.append(_list_array(lengths, np_array(lp_vals.astype(np.float32)), mask=~ok_b))
         else:
             lps.append(pa.nulls(n_b, pa.list_(pa.float32())))
 
     # -- keys, rewards, groups, advantages ----------------------------------------------------
-    take_first = pa.array(first_local)
+    take_first = np_array(first_local)
     t_ep = ep.take(take_first)
     t_task = _arr(llm["task_id"]).take(take_first)
     t_agent = agent.take(take_first)
     t_turn = turn.take(take_first)
     t_ep_codes = ep_codes[first_local]
-    t_turn_np = pc.fill_null(t_turn, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    t_turn_valid = (pc.is_valid(t_turn).to_numpy(zero_copy_only=False) if t_turn.null_count
+    t_turn_np = to_numpy(pc.fill_null(t_turn, lit(0, pa.int32()))).astype(np.int64)
+    t_turn_valid = (to_numpy(pc.is_valid(t_turn)) if t_turn.null_count
                     else np.ones(n_tr, bool))
 
     team = np.array([r.team if r is not None else 0.0 for r in ep_rewards], np.float64)
@@ -389,8 +441,8 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         with_local = [i for i, r in enumerate(ep_rewards) if r is not None and (r.agent or r.turn)]
         if with_local:
             sel = np.flatnonzero(np.isin(t_ep_codes, with_local))
-            agents_l = t_agent.take(pa.array(sel)).to_pylist()
-            turns_l = t_turn.take(pa.array(sel)).to_pylist()
+            agents_l = t_agent.take(np_array(sel)).to_pylist()
+            turns_l = t_turn.take(np_array(sel)).to_pylist()
             for k, i in enumerate(sel.tolist()):
                 r = ep_rewards[t_ep_codes[i]]
                 local[i] = r.agent.get(agents_l[k], 0.0) + r.turn.get((agents_l[k], turns_l[k]),
@@ -398,14 +450,14 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         reward = cfg.alpha * team_t + local
 
     task_part = pc.if_else(pc.is_valid(t_task),
-                           pc.binary_join_element_wise("task:", t_task, ""),
-                           pc.binary_join_element_wise("episode:", t_ep, ""))
+                           pc.binary_join_element_wise(lit("task:"), t_task, lit("")),
+                           pc.binary_join_element_wise(lit("episode:"), t_ep, lit("")))
     if cfg.algorithm == "lightning_rl":
         group_id = task_part
     else:
         group_id = pc.binary_join_element_wise(
-            task_part, "|agent:", pc.fill_null(t_agent, "None"), "|turn:",
-            pc.fill_null(pc.cast(t_turn, pa.string()), "None"), "")
+            task_part, lit("|agent:"), pc.fill_null(t_agent, lit("None")), lit("|turn:"),
+            pc.fill_null(pc.cast(t_turn, pa.string()), lit("None")), lit(""))
     group_id = _arr(group_id)
     advantage, n_groups_out, zero_var = _advantages(
         reward, _codes(group_id), t_ep_codes, unit=cfg.advantage_unit,
@@ -416,10 +468,12 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     stats.transitions = n_tr
     stats.rewards = reward.tolist()
     stats.groups, stats.zero_variance_groups = n_groups_out, zero_var
-    at = pa.table({"a": t_agent, "t": t_turn}).group_by(["a", "t"], use_threads=False
-                                                         ).aggregate([([], "count_all")])
-    stats.per_agent_turn.update(dict(zip(zip(at["a"].to_pylist(), at["t"].to_pylist()),
-                                         at["count_all"].to_pylist())))
+    at = _combine(agent_codes[first_local], _codes(t_turn))
+    _, at_first, at_count = np.unique(at, return_index=True, return_counts=True)
+    at_first = np_array(at_first)
+    stats.per_agent_turn.update(dict(zip(zip(t_agent.take(at_first).to_pylist(),
+                                             t_turn.take(at_first).to_pylist()),
+                                         at_count.tolist())))
 
     def meta(name: str) -> pa.Array:
         return _arr(llm[name]).take(take_first)
@@ -427,13 +481,13 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     data = {
         "episode_id": t_ep, "task_id": t_task, "agent_name": t_agent, "turn_index": t_turn,
         "candidate_index": meta("candidate_index"), "trace_id": meta("trace_id"),
-        "span_id": meta("span_id"), "merged_calls": pa.array(merged_calls),
+        "span_id": meta("span_id"), "merged_calls": np_array(merged_calls),
         "request_model": meta("request_model"), "policy_version": meta("policy_version"),
         "prompt_ids": prompt_ids, "completion_ids": pa.chunked_array(comps),
         "completion_mask": pa.chunked_array(masks),
         "behaviour_logprobs": pa.chunked_array(lps, pa.list_(pa.float32())),
-        "reward": pa.array(reward), "group_id": group_id, "advantage": pa.array(advantage),
-        "retokenized": pa.array(np.zeros(n_tr, bool)),
+        "reward": np_array(reward), "group_id": group_id, "advantage": np_array(advantage),
+        "retokenized": np_array(np.zeros(n_tr, bool)),
         "start_time_unix_nano": meta("start_time_unix_nano"),
     }
     columns = []
@@ -491,12 +545,18 @@ def _advantages(reward: np.ndarray, group: np.ndarray, episode: np.ndarray, *, u
     return out, n_groups, zero_var
 
 
+def _turns_array(turns: list) -> pa.Array:
+    valid = np.array([t is not None for t in turns], bool)
+    values = np.array([t if t is not None else 0 for t in turns], np.int32)
+    return np_array(values, valid)
+
+
 def _infer_turns(ep: pa.Array, llm: pa.Table, turn: pa.Array, stats) -> pa.Array:
     """The reference's turn inference, in Python, over the episodes that lack a turn."""
     null_eps = pc.unique(ep.filter(pc.is_null(turn)))
-    sel = np.flatnonzero(pc.is_in(ep, value_set=null_eps).to_numpy(zero_copy_only=False))
-    sub = llm.select(["agent_name", "start_time_unix_nano", "span_id"]).take(pa.array(sel))
-    eps = ep.take(pa.array(sel)).to_pylist()
+    sel = np.flatnonzero(to_numpy(pc.is_in(ep, value_set=null_eps)))
+    sub = llm.select(["agent_name", "start_time_unix_nano", "span_id"]).take(np_array(sel))
+    eps = ep.take(np_array(sel)).to_pylist()
     agents = sub["agent_name"].to_pylist()
     starts = sub["start_time_unix_nano"].to_pylist()
     span_ids = sub["span_id"].to_pylist()
@@ -519,4 +579,4 @@ def _infer_turns(ep: pa.Array, llm: pa.Table, turn: pa.Array, stats) -> pa.Array
                 turns[i] = count[a] - 1
                 inferred += 1
     _note(stats.notes, "turn inferred (no turn attribute)", inferred)
-    return pa.array(turns, pa.int32())
+    return _turns_array(turns)

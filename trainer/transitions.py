@@ -295,8 +295,8 @@ def _fast_spans_to_transitions(spans: pa.Table, cfg: ConvertConfig, source: str,
         stats.episodes = len(pc.unique(episodes))
     else:
         stats = ConversionStats(spans=int(select.sum()))
-        stats.episodes = len(pc.unique(episodes.filter(pa.array(select))))
-        is_reward = pc.and_(is_reward, pa.array(select))
+        stats.episodes = len(pc.unique(episodes.filter(columnar.np_array(select))))
+        is_reward = pc.and_(is_reward, columnar.np_array(select))
     reward_rows = spans.select(["trace_id", "span_id", "episode_id", "agent_name", "turn_index",
                                 "reward_value", "reward_scope"]).filter(is_reward)
     rewards = _rewards(reward_rows, stats, source)
@@ -668,19 +668,27 @@ _PLAN_COLUMNS = ["episode_id", "trace_id", "task_id"]
 
 
 def _stream_plan(files: list[Path], max_rows_in_memory: int) -> _StreamPlan | None:
-    """First pass, over three small columns: where each episode's unit (its task: a GRPO group
-    spans the episodes of one task; an episode without a task is its own unit) has been read
-    whole. None when streaming would hold more than ``max_rows_in_memory`` rows waiting for
-    units to complete (units spread across the whole input): then the caller spills."""
+    """First pass, over two or three small columns: where each episode's unit (its task: a
+    GRPO group spans the episodes of one task; episodes sharing a task are joined; an episode
+    without a task is its own unit) has been read whole. None when streaming would hold more
+    than ``max_rows_in_memory`` rows waiting for units to complete (units spread across the
+    whole input): then the caller spills. Numpy aggregation only (no Acero: importing it costs
+    about half a second)."""
     import numpy as np
 
     batch_rows = max(1, min(16_384, max_rows_in_memory // 2))
-    parts, pairs, plan_files, boundaries = [], [], [], []
+    keys, firsts, lasts, counts, pair_eps, pair_tasks = [], [], [], [], [], []
+    plan_files, boundaries = [], []
     pos = 0
     for path in files:
         try:
-            t = read_checked(path, REQUIRED_SPAN_COLUMNS,
-                             [c for c in _PLAN_COLUMNS if c])
+            pf = pq.ParquetFile(path)
+            names = pf.schema_arrow.names
+            if any(c not in names for c in REQUIRED_SPAN_COLUMNS):
+                read_checked(path, REQUIRED_SPAN_COLUMNS)  # raises, naming file and column
+            t = pf.read(columns=[c for c in _PLAN_COLUMNS if c in names and
+                                 (c != "trace_id" or _may_be_null(pf, "episode_id"))],
+                        use_threads=False)
         except SchemaError:
             raise
         except (pa.ArrowInvalid, OSError) as exc:
@@ -688,68 +696,107 @@ def _stream_plan(files: list[Path], max_rows_in_memory: int) -> _StreamPlan | No
             continue
         plan_files.append((path, pos, None))
         n = t.num_rows
+        if n == 0:
+            continue
         boundaries += list(range(pos + batch_rows, pos + n, batch_rows)) + [pos + n]
-        task = t["task_id"] if "task_id" in t.column_names else pa.nulls(n, pa.string())
-        rows = pa.table({"e": columnar.episode_keys(t), "task": task,
-                         "pos": pa.array(np.arange(pos, pos + n, dtype=np.int64))})
-        parts.append(rows.group_by("e", use_threads=False).aggregate(
-            [("pos", "min"), ("pos", "max"), ("pos", "count")]))
-        pairs.append(rows.filter(pc.is_valid(rows["task"])).group_by(
-            ["e", "task"], use_threads=False).aggregate([]))
+        enc = pc.dictionary_encode(columnar.episode_keys(t))
+        codes = columnar.to_numpy(enc.indices).astype(np.int64)
+        k = len(enc.dictionary)
+        _, first = np.unique(codes, return_index=True)
+        _, last = np.unique(codes[::-1], return_index=True)
+        keys.append(enc.dictionary)
+        firsts.append(first + pos)
+        lasts.append(n - 1 - last + pos)
+        counts.append(np.bincount(codes, minlength=k))
+        if "task_id" in t.column_names and t["task_id"].null_count < n:
+            task = columnar._arr(t["task_id"])
+            with_task = np.flatnonzero(columnar.to_numpy(task.is_valid()))
+            task_codes = columnar._codes(task.take(columnar.np_array(with_task)))
+            pair = np.unique(codes[with_task] * (int(task_codes.max()) + 1) + task_codes)
+            tdict = pc.dictionary_encode(task.take(columnar.np_array(with_task))).dictionary
+            pair_eps.append(enc.dictionary.take(columnar.np_array(
+                pair // (int(task_codes.max()) + 1))))
+            pair_tasks.append(tdict.take(columnar.np_array(pair % (int(task_codes.max()) + 1))))
         pos += n
-    if not parts:
-        return _StreamPlan(plan_files, pa.array([], pa.string()), np.zeros(0, np.int64),
+    if not keys:
+        return _StreamPlan(plan_files, pa.nulls(0, pa.string()), np.zeros(0, np.int64),
                            batch_rows, 0)
-    eps = pa.concat_tables(parts).group_by("e", use_threads=False).aggregate(
-        [("pos_min", "min"), ("pos_max", "max"), ("pos_count", "sum")])
-    eps = eps.rename_columns(["e", "first", "last", "count"])
-    pairs = pa.concat_tables(pairs).group_by(["e", "task"], use_threads=False).aggregate([])
-    eps = eps.join(_units(pairs), "e", join_type="left outer")
-    eps = eps.set_column(eps.schema.get_field_index("unit"), "unit",
-                         pc.coalesce(eps["unit"], pc.binary_join_element_wise("e:", eps["e"], "")))
-    units = eps.group_by("unit", use_threads=False).aggregate(
-        [("first", "min"), ("last", "max"), ("count", "sum")])
-    units = units.rename_columns(["unit", "first", "last", "count"])
-    eps = eps.select(["e", "unit"]).join(units, "unit", join_type="inner")
-    first = units["first"].to_numpy()
-    last = units["last"].to_numpy()
-    count = units["count"].to_numpy()
+    enc = pc.dictionary_encode(pa.chunked_array(keys).combine_chunks())
+    ep_of = columnar.to_numpy(enc.indices).astype(np.int64)
+    episodes = enc.dictionary
+    n_eps = len(episodes)
+    first = np.full(n_eps, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, ep_of, np.concatenate(firsts))
+    last = np.zeros(n_eps, np.int64)
+    np.maximum.at(last, ep_of, np.concatenate(lasts))
+    count = np.bincount(ep_of, weights=np.concatenate(counts), minlength=n_eps).astype(np.int64)
+    unit = _units(episodes, pair_eps, pair_tasks)
+    n_units = int(unit.max()) + 1
+    u_first = np.full(n_units, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(u_first, unit, first)
+    u_last = np.zeros(n_units, np.int64)
+    np.maximum.at(u_last, unit, last)
+    u_count = np.bincount(unit, weights=count, minlength=n_units).astype(np.int64)
     # rows held at a batch boundary b: those of units begun before b and not complete at b
     b = np.asarray(sorted(boundaries), np.int64)
-    lo = np.searchsorted(b, first, side="right")
-    hi = np.searchsorted(b, last, side="right")
+    lo = np.searchsorted(b, u_first, side="right")
+    hi = np.searchsorted(b, u_last, side="right")
     held = np.zeros(len(b) + 1, np.int64)
-    np.add.at(held, lo, count)
-    np.add.at(held, np.minimum(hi, len(b)), -count)
+    np.add.at(held, lo, u_count)
+    np.add.at(held, np.minimum(hi, len(b)), -u_count)
     if len(b) and int(np.cumsum(held)[:-1].max(initial=0)) > max_rows_in_memory:
         return None
-    return _StreamPlan(plan_files, columnar._arr(eps["e"]),
-                       eps["last"].to_numpy(), batch_rows, len(boundaries))
+    return _StreamPlan(plan_files, episodes, u_last[unit], batch_rows, len(boundaries))
 
 
-def _units(pairs: pa.Table) -> pa.Table:
-    """Episode -> unit from the distinct (episode, task) pairs: the task, or where episodes
-    have several tasks, the connected component of episodes and tasks (union-find)."""
-    if len(pc.unique(pairs["e"])) == pairs.num_rows:  # one task per episode: the usual case
-        return pa.table({"e": pairs["e"], "unit": pc.binary_join_element_wise(
-            "t:", pairs["task"], "")})
-    parent: dict[tuple[str, str], tuple[str, str]] = {}
+def _may_be_null(pf: pq.ParquetFile, column: str) -> bool:
+    """False only when the file's statistics say the column has no null."""
+    meta = pf.metadata
+    try:
+        i = [pf.schema.column(k).path for k in range(len(pf.schema))].index(column)
+        for g in range(meta.num_row_groups):
+            st = meta.row_group(g).column(i).statistics
+            if st is None or not st.has_null_count or st.null_count:
+                return True
+    except (ValueError, IndexError):
+        return True
+    return False
 
-    def root(x: tuple[str, str]) -> tuple[str, str]:
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
 
-    for e, t in zip(pairs["e"].to_pylist(), pairs["task"].to_pylist()):
-        a, b = root(("e", e)), root(("t", t))
-        if a != b:
-            parent[a] = b
-    episodes = sorted({e for e in pairs["e"].to_pylist()})
-    return pa.table({"e": episodes, "unit": [":".join(root(("e", e))) for e in episodes]})
+def _units(episodes: pa.Array, pair_eps: list, pair_tasks: list) -> Any:
+    """Unit code per episode (numpy): from the distinct (episode, task) pairs, the connected
+    component of episodes and tasks (one task per episode: its task); no task: itself."""
+    import numpy as np
+
+    n = len(episodes)
+    if not pair_eps:
+        return np.arange(n, dtype=np.int64)
+    e_idx = pc.index_in(pa.chunked_array(pair_eps).combine_chunks(), value_set=episodes)
+    e_idx = columnar.to_numpy(e_idx).astype(np.int64)
+    t_codes = columnar._codes(pa.chunked_array(pair_tasks))
+    # union-find over episodes (0..n-1) and tasks (n..): vectorised label propagation
+    parent = np.arange(n + int(t_codes.max(initial=-1)) + 1, dtype=np.int64)
+    a, b = e_idx, t_codes + n
+    while True:
+        ra, rb = parent[a], parent[b]
+        low = np.minimum(ra, rb)
+        changed = (parent[ra] != low) | (parent[rb] != low)
+        np.minimum.at(parent, ra, low)
+        np.minimum.at(parent, rb, low)
+        parent = parent[parent]  # path halving
+        if not changed.any():
+            break
+    while True:  # full compression
+        nxt = parent[parent]
+        if (nxt == parent).all():
+            break
+        parent = nxt
+    return np.unique(parent[:n], return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 _STRING_COLUMNS = [f.name for f in TRANSITION_SCHEMA if pa.types.is_string(f.type)]
+# min/max statistics of the scalar columns only: those of the id lists cost time, serve nobody
+_SCALAR_COLUMNS = [f.name for f in TRANSITION_SCHEMA if not pa.types.is_list(f.type)]
 
 
 def _read_ahead(plan: _StreamPlan, columns: list[str]) -> Iterator[tuple]:
@@ -839,7 +886,7 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
             table, part = _fast_spans_to_transitions(rows, cfg, source, select)
         except columnar.Unsupported:
             if select is not None:
-                rows = rows.filter(pa.array(select))
+                rows = rows.filter(columnar.np_array(select))
             table, part = reference_spans_to_transitions(rows, cfg, source=source)
         stats.merge(part)
         if table.num_rows:
@@ -852,7 +899,8 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
     try:
         with os.fdopen(fd, "wb") as f, ThreadPoolExecutor(1, "agl-bridge-convert-write") as pool:
             writer = pq.ParquetWriter(f, TRANSITION_SCHEMA, compression="zstd",
-                                      use_dictionary=_STRING_COLUMNS)
+                                      use_dictionary=_STRING_COLUMNS,
+                                      write_statistics=_SCALAR_COLUMNS)
             try:
                 held: pa.Table | None = None
                 pos = 0
@@ -869,13 +917,17 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
                         rows = pa.concat_tables([held, rows])
                     rows = rows.combine_chunks()
                     idx = pc.index_in(columnar.episode_keys(rows), value_set=plan.episodes)
-                    done_at = plan.done_at[pc.fill_null(idx, 0).to_numpy()]
-                    complete = (done_at < pos) & pc.is_valid(idx).to_numpy(zero_copy_only=False)
+                    done_at = plan.done_at[columnar.to_numpy(pc.fill_null(idx, columnar.lit(0, idx.type)))]
+                    complete = done_at < pos
+                    if idx.null_count:
+                        complete &= columnar.to_numpy(pc.is_valid(idx))
                     held = (None if complete.all() else
-                            rows.filter(pa.array(~complete)).combine_chunks())
+                            rows.filter(columnar.np_array(~complete)).combine_chunks())
                     if complete.any():
                         convert_rows(rows, complete, pool, writer)
                     done_batches += 1
+                    if done_batches % 4 == 0:
+                        pa.default_memory_pool().release_unused()
                     if progress:
                         progress(min(done_batches, plan.batches - 1), plan.batches)
                 if held is not None and held.num_rows:  # units cut short by an unreadable file
