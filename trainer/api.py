@@ -66,6 +66,7 @@ def train_from_traces(
     init_adapters: dict[str, str | os.PathLike[str]] | None = None,
     progress: bool = True,
     resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
+    adapters_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> TrainRun:
     """Convert ``traces`` (span Parquet, OTLP/JSON, or a transitions file) and train.
@@ -77,6 +78,8 @@ def train_from_traces(
     (``GRPOConfig``: learning_rate, beta, loss_type, epsilon, save_steps, ...), by name.
     Checkpoints (``save_steps``) go to ``<output_dir>/checkpoints``; ``resume_from_checkpoint``
     (True: the latest there) continues an interrupted run on the same transitions.
+    ``adapters_dir`` (default ``<output_dir>/adapters``) is where versions are numbered: give
+    successive runs the same one and their versions count on (v1, v2, ...).
     """
     from agl_bridge.trainer.train import GRPOConfig, train_policy
 
@@ -102,7 +105,8 @@ def train_from_traces(
             raise ValueError(f"no transitions from {traces}:\n{stats.summary()}")
     metrics_path = out / "metrics.jsonl"
     t0 = time.time()
-    result = train_policy(transitions, base_model, out / "adapters", policy=policy,
+    adapters_root = Path(adapters_dir) if adapters_dir is not None else out / "adapters"
+    result = train_policy(transitions, base_model, adapters_root, policy=policy,
                           adapter_name=adapter_name, config=GRPOConfig(**train_options),
                           init_adapters=init_adapters, metrics_path=metrics_path,
                           progress=progress, checkpoint_dir=out / "checkpoints",

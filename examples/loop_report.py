@@ -1,0 +1,241 @@
+"""Statistics and the HTML page of the closed loop (``closed_loop.py``).
+
+Success rates get 95% Wilson score intervals (sound at 0% and 100%, unlike the normal
+approximation); mean rewards get a normal-approximation interval of the mean. The page is one
+self-contained file: plots embedded as PNG data URIs, the numbers in tables beside them.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+Z95 = 1.959964
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> dict[str, float]:
+    if n == 0:
+        return {"rate": float("nan"), "low": float("nan"), "high": float("nan"), "n": 0}
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return {"rate": p, "low": max(0.0, centre - half), "high": min(1.0, centre + half), "n": n,
+            "k": successes}
+
+
+def mean_ci(values: list[float], z: float = Z95) -> dict[str, float]:
+    n = len(values)
+    if n == 0:
+        return {"mean": float("nan"), "low": float("nan"), "high": float("nan"), "n": 0}
+    m = sum(values) / n
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    half = z * sd / math.sqrt(n)
+    return {"mean": m, "low": m - half, "high": m + half, "n": n}
+
+
+def episode_stats(path: str | Path) -> dict[str, Any]:
+    """Team success, team reward, and per agent: own reply correct, own reward."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    agents = sorted({a for r in rows for a in r["agent_correct"]})
+    return {
+        "success": wilson(sum(r["success"] for r in rows), len(rows)),
+        "team_reward": mean_ci([r["team_reward"] for r in rows]),
+        "agents": {a: wilson(sum(r["agent_correct"].get(a, False) for r in rows), len(rows))
+                   for a in agents},
+        "agent_reward": {a: mean_ci([r["agent_reward"][a] for r in rows if a in r["agent_reward"]])
+                         for a in agents},
+    }
+
+
+# -- plots -------------------------------------------------------------------------------------
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(w: float = 7.5, h: float = 3.4):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h), dpi=110, layout="constrained")
+
+
+def plot_before_after(base: dict, final: dict) -> str:
+    fig = _figure()
+    ax = fig.add_subplot()
+    labels = ["team (final answer)"] + [f"{a} (own reply)" for a in sorted(base["agents"])]
+    pairs = [(base["success"], final["success"])] + [
+        (base["agents"][a], final["agents"][a]) for a in sorted(base["agents"])]
+    xs = range(len(labels))
+    for off, idx, name, colour in ((-0.18, 0, "before", "#999999"), (0.18, 1, "after",
+                                                                      "#1f77b4")):
+        vals = [p[idx]["rate"] * 100 for p in pairs]
+        err = [[(p[idx]["rate"] - p[idx]["low"]) * 100 for p in pairs],
+               [(p[idx]["high"] - p[idx]["rate"]) * 100 for p in pairs]]
+        ax.bar([x + off for x in xs], vals, width=0.36, yerr=err, capsize=4, label=name,
+               color=colour)
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("held-out correct, % (95% CI)")
+    ax.set_title(f"Held-out tasks (n={base['success']['n']}), greedy: before vs after training",
+                 fontsize=10)
+    ax.legend()
+    ax.grid(True, axis="y", alpha=0.3)
+    return _png(fig)
+
+
+def plot_rounds(data: dict) -> str:
+    fig = _figure()
+    ax = fig.add_subplot()
+    rounds = data["rounds"]
+    xs = [r["round"] for r in rounds]
+    for key, label, colour in (("success", "team success", "#1f77b4"),):
+        vals = [r["episodes"][key]["rate"] * 100 for r in rounds]
+        lo = [r["episodes"][key]["low"] * 100 for r in rounds]
+        hi = [r["episodes"][key]["high"] * 100 for r in rounds]
+        ax.plot(xs, vals, "o-", color=colour, label=label + " (training rollouts)")
+        ax.fill_between(xs, lo, hi, color=colour, alpha=0.15, linewidth=0)
+    names = sorted({a for r in rounds for a in r["episodes"]["agents"]})
+    for a, colour in zip(names, ("#ff7f0e", "#2ca02c", "#d62728")):
+        ax.plot(xs, [r["episodes"]["agents"][a]["rate"] * 100 for r in rounds], "s--",
+                color=colour, label=f"{a} own reply correct", markersize=4)
+    for label, style in (("baseline", ":"), ("final", "-.")):
+        if label in data:
+            ax.axhline(data[label]["success"]["rate"] * 100, color="0.4", linestyle=style,
+                       label=f"held-out team success, {label}")
+    ax.set_xlabel("round (policy that sampled the rollouts: round 0 = base model)")
+    ax.set_ylabel("%")
+    ax.set_title(f"Per round: training rollouts at temperature "
+                 f"{data['settings']['temperature']}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return _png(fig)
+
+
+def plot_times(seconds: dict[str, float]) -> str:
+    fig = _figure(7.5, 0.5 + 0.45 * len(seconds))
+    ax = fig.add_subplot()
+    items = sorted(seconds.items(), key=lambda kv: kv[1])
+    ax.barh([k for k, _ in items], [v / 60 for _, v in items], color="#1f77b4")
+    for i, (_, v) in enumerate(items):
+        ax.text(v / 60, i, f" {v:.0f} s", va="center", fontsize=8)
+    ax.set_xlabel("minutes")
+    ax.set_title(f"Where the time went: {sum(seconds.values()) / 60:.1f} min in all",
+                 fontsize=10)
+    return _png(fig)
+
+
+def training_curves(work: Path, data: dict) -> list[tuple[str, str]]:
+    """The trainer's own panels (``agl-bridge report``) over all rounds' metrics."""
+    from agl_bridge.trainer.report import load_metrics, render
+
+    merged = work / "report" / "metrics-all-rounds.jsonl"
+    merged.parent.mkdir(parents=True, exist_ok=True)
+    with open(merged, "w") as out:
+        for r in data["rounds"]:
+            path = Path(r["metrics"])
+            if path.exists():
+                out.write(path.read_text())
+    records, problems = load_metrics(merged)
+    if not records:
+        return []
+    render(records, work / "report" / "training", problems=problems, source=merged)
+    return [(png.stem, base64.b64encode(png.read_bytes()).decode("ascii"))
+            for png in sorted((work / "report" / "training").glob("*.png"))]
+
+
+# -- page --------------------------------------------------------------------------------------
+_CSS = ("body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;"
+        "padding:.25em .6em;text-align:right}th{background:#f4f4f4}td:first-child{text-align:"
+        "left}img{max-width:100%}.note{color:#555}code{background:#f4f4f4;padding:0 .2em}")
+
+
+def _pct(w: dict) -> str:
+    return f"{w['rate']:.1%} [{w['low']:.1%}, {w['high']:.1%}]"
+
+
+def _mean(m: dict) -> str:
+    return f"{m['mean']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
+                  for r in rows)
+    return f"<table><tr>{th}</tr>{trs}</table>"
+
+
+def _examples(work: Path, n: int = 6) -> str:
+    def load(label):
+        path = work / label / "episodes.jsonl"
+        if not path.exists():
+            return {}
+        return {r["task_id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+    before, after = load("baseline"), load("final")
+    rows = []
+    for tid in list(before)[:n]:
+        b, a = before[tid], after.get(tid, {})
+        rows.append([f"{b['a']} + {b['b']}",
+                     f"{b['replies'].get('solver', '')!r} / {b['replies'].get('checker', '')!r}",
+                     "yes" if b["success"] else "no",
+                     f"{a.get('replies', {}).get('solver', '')!r} / "
+                     f"{a.get('replies', {}).get('checker', '')!r}",
+                     "yes" if a.get("success") else "no"])
+    return _table(["task", "before: solver / checker", "ok", "after: solver / checker", "ok"],
+                  rows)
+
+
+def write_report(work: Path, data: dict) -> Path:
+    base, final = data.get("baseline"), data.get("final")
+    s = data["settings"]
+    body = ["<h1>agl-bridge closed loop: a two-agent AutoGen team learns from its own traces</h1>",
+            f"<p class='note'>Model {html.escape(s['model'])}, task {html.escape(s['task'])}; "
+            f"{len(data['rounds'])} round(s) of {s['tasks_per_round']} tasks x {s['rollouts']} "
+            f"rollouts at temperature {s['temperature']}; AT-GRPO (alpha {s['alpha']}), one LoRA "
+            f"adapter per agent, learning rate {s['learning_rate']}; held-out set of "
+            f"{s['eval_tasks']} tasks never sampled for training; resumed "
+            f"{data.get('resumed', 0)} time(s).</p>"]
+    if base and final:
+        diff = (final["success"]["rate"] - base["success"]["rate"]) * 100
+        body += [f"<h2>Held-out team success: {base['success']['rate']:.1%} &rarr; "
+                 f"{final['success']['rate']:.1%} ({diff:+.1f} points)</h2>",
+                 f"<img src='data:image/png;base64,{plot_before_after(base, final)}'>",
+                 _table(["measure (held-out, greedy)", "before", "after"],
+                        [["team success", _pct(base["success"]), _pct(final["success"])],
+                         ["team reward", _mean(base["team_reward"]),
+                          _mean(final["team_reward"])]]
+                        + [[f"{a}: own reply correct", _pct(base["agents"][a]),
+                            _pct(final["agents"][a])] for a in sorted(base["agents"])]
+                        + [[f"{a}: own reward", _mean(base["agent_reward"][a]),
+                            _mean(final["agent_reward"][a])] for a in sorted(base["agents"])]),
+                 "<h3>Some held-out tasks, before and after</h3>", _examples(work)]
+    if data["rounds"]:
+        body += ["<h2>Per round</h2>", f"<img src='data:image/png;base64,{plot_rounds(data)}'>",
+                 _table(["round", "episodes", "team success", "team reward", "transitions",
+                         "steps", "zero-variance groups", "published", "seconds"],
+                        [[r["round"], r["team"]["episodes"], _pct(r["episodes"]["success"]),
+                          _mean(r["episodes"]["team_reward"]), r["transitions"], r["steps"],
+                          r["zero_variance_groups"], ", ".join(r["published"].values()),
+                          f"{r['seconds']:.0f}"] for r in data["rounds"]])]
+        curves = training_curves(work, data)
+        if curves:
+            body.append("<h2>Training curves (one point per micro-batch, all rounds)</h2>")
+            body += [f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{b64}'>"
+                     f"<figcaption>{html.escape(name)}</figcaption></figure>"
+                     for name, b64 in curves]
+    body += ["<h2>Time per stage</h2>",
+             f"<img src='data:image/png;base64,{plot_times(data['seconds'])}'>"]
+    page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>agl-bridge closed loop</title><style>{_CSS}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+    target = work / "report.html"
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(target)
+    return target
