@@ -659,9 +659,25 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
 class _StreamPlan:
     files: list[tuple[Path, int, str | None]]  # path, first row's position, why unreadable
     episodes: pa.Array  # episode keys
-    done_at: Any  # numpy: position after which each episode's whole unit has been read
+    done_at: Any  # numpy, per episode: position of the last row of its unit
+    first: Any  # numpy, per episode: position of its first row
+    unit_first: Any  # numpy, per episode: position of the first row of its unit
     batch_rows: int
     batches: int
+
+    def lookup(self, keys: pa.Array, start: int, end: int) -> tuple[Any, Any, Any]:
+        """For rows at positions [start, end) with these episode keys: (episode known, done
+        at, unit begun before ``start``), hashing only the episodes that can be there."""
+        import numpy as np
+
+        cand = np.flatnonzero((self.first < end) & (self.done_at >= start))
+        idx = pc.index_in(keys, value_set=self.episodes.take(columnar.np_array(cand)))
+        known = (columnar.to_numpy(pc.is_valid(idx)) if idx.null_count
+                 else np.ones(len(keys), bool))
+        ep = cand[columnar.to_numpy(pc.fill_null(idx, columnar.lit(0, idx.type)))] if len(
+            cand) else np.zeros(len(keys), np.int64)
+        done = np.where(known, self.done_at[ep] if len(cand) else 0, np.iinfo(np.int64).max)
+        return known, done, known & (self.unit_first[ep] < start if len(cand) else False)
 
 
 _PLAN_COLUMNS = ["episode_id", "trace_id", "task_id"]
@@ -719,8 +735,8 @@ def _stream_plan(files: list[Path], max_rows_in_memory: int) -> _StreamPlan | No
             pair_tasks.append(tdict.take(columnar.np_array(pair % (int(task_codes.max()) + 1))))
         pos += n
     if not keys:
-        return _StreamPlan(plan_files, pa.nulls(0, pa.string()), np.zeros(0, np.int64),
-                           batch_rows, 0)
+        z = np.zeros(0, np.int64)
+        return _StreamPlan(plan_files, pa.nulls(0, pa.string()), z, z, z, batch_rows, 0)
     enc = pc.dictionary_encode(pa.chunked_array(keys).combine_chunks())
     ep_of = columnar.to_numpy(enc.indices).astype(np.int64)
     episodes = enc.dictionary
@@ -746,7 +762,8 @@ def _stream_plan(files: list[Path], max_rows_in_memory: int) -> _StreamPlan | No
     np.add.at(held, np.minimum(hi, len(b)), -u_count)
     if len(b) and int(np.cumsum(held)[:-1].max(initial=0)) > max_rows_in_memory:
         return None
-    return _StreamPlan(plan_files, episodes, u_last[unit], batch_rows, len(boundaries))
+    return _StreamPlan(plan_files, episodes, u_last[unit], first, u_first[unit], batch_rows,
+                       len(boundaries))
 
 
 def _may_be_null(pf: pq.ParquetFile, column: str) -> bool:
@@ -799,6 +816,26 @@ _STRING_COLUMNS = [f.name for f in TRANSITION_SCHEMA if pa.types.is_string(f.typ
 _SCALAR_COLUMNS = [f.name for f in TRANSITION_SCHEMA if not pa.types.is_list(f.type)]
 
 
+def _release_memory() -> None:
+    """Give freed memory back to the system between batches: Arrow's pool, and the C heap
+    (numpy's temporaries; glibc keeps large freed blocks otherwise). Keeps the peak flat."""
+    pa.default_memory_pool().release_unused()
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim() if os.name == "posix" else None
+
+
 def _read_ahead(plan: _StreamPlan, columns: list[str]) -> Iterator[tuple]:
     """The second pass's reads, one batch ahead in a thread (Parquet decoding releases the
     GIL): ("batch", path, table), ("unreadable", path, why), ("read", path) per file."""
@@ -818,7 +855,7 @@ def _read_ahead(plan: _StreamPlan, columns: list[str]) -> Iterator[tuple]:
 
     def work() -> None:
         try:
-            for path, _, unreadable in plan.files:
+            for path, start, unreadable in plan.files:
                 if unreadable:
                     put(("unreadable", path, unreadable))
                     continue
@@ -827,7 +864,9 @@ def _read_ahead(plan: _StreamPlan, columns: list[str]) -> Iterator[tuple]:
                     names = set(pf.schema_arrow.names)
                     for batch in pf.iter_batches(batch_size=plan.batch_rows,
                                                  columns=[c for c in columns if c in names]):
-                        put(("batch", path, columnar.conform(pa.Table.from_batches([batch]))))
+                        put(("batch", path, columnar.conform(pa.Table.from_batches([batch])),
+                             start))
+                        start += batch.num_rows
                         if stop.is_set():
                             return
                 except (pa.ArrowInvalid, OSError) as exc:
@@ -892,7 +931,7 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
         if table.num_rows:
             pending.append(table)
             pending_rows += table.num_rows
-            if pending_rows >= 16_384:
+            if pending_rows >= 8_192:
                 flush(pool, writer)
 
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -902,8 +941,8 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
                                       use_dictionary=_STRING_COLUMNS,
                                       write_statistics=_SCALAR_COLUMNS)
             try:
-                held: pa.Table | None = None
-                pos = 0
+                held: pa.Table | None = None  # rows of units still open, one chunk
+                held_done = np.zeros(0, np.int64)
                 for item in _read_ahead(plan, columns):
                     if item[0] == "unreadable":
                         stats.notes[f"unreadable file skipped: {item[1].name} ({item[2]})"] += 1
@@ -911,23 +950,35 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
                     if item[0] == "read":
                         stats.files += 1
                         continue
-                    rows = item[2]
-                    pos += rows.num_rows
-                    if held is not None:
-                        rows = pa.concat_tables([held, rows])
-                    rows = rows.combine_chunks()
-                    idx = pc.index_in(columnar.episode_keys(rows), value_set=plan.episodes)
-                    done_at = plan.done_at[columnar.to_numpy(pc.fill_null(idx, columnar.lit(0, idx.type)))]
-                    complete = done_at < pos
-                    if idx.null_count:
-                        complete &= columnar.to_numpy(pc.is_valid(idx))
-                    held = (None if complete.all() else
-                            rows.filter(columnar.np_array(~complete)).combine_chunks())
-                    if complete.any():
-                        convert_rows(rows, complete, pool, writer)
+                    rows, start = item[2], item[3]
+                    end = start + rows.num_rows
+                    known, done, begun = plan.lookup(columnar.episode_keys(rows), start, end)
+                    complete = done < end
+                    fresh = complete & ~begun  # units wholly in this batch: converted in place
+                    if fresh.any():
+                        convert_rows(rows, None if fresh.all() else fresh, pool, writer)
+                    late = complete & begun  # units completed now, with rows held before
+                    held_complete = held_done < end
+                    parts = []
+                    if held is not None and held_complete.any():
+                        parts.append(held.filter(columnar.np_array(held_complete)))
+                    if late.any():
+                        parts.append(rows.filter(columnar.np_array(late)))
+                    if parts:
+                        convert_rows(pa.concat_tables(parts).combine_chunks(), None, pool,
+                                     writer)
+                    keep = []
+                    if held is not None and not held_complete.all():
+                        keep.append((held.filter(columnar.np_array(~held_complete)),
+                                     held_done[~held_complete]))
+                    if not complete.all():
+                        keep.append((rows.filter(columnar.np_array(~complete)), done[~complete]))
+                    held = (pa.concat_tables([k[0] for k in keep]).combine_chunks() if keep
+                            else None)
+                    held_done = (np.concatenate([k[1] for k in keep]) if keep
+                                 else np.zeros(0, np.int64))
                     done_batches += 1
-                    if done_batches % 4 == 0:
-                        pa.default_memory_pool().release_unused()
+                    _release_memory()
                     if progress:
                         progress(min(done_batches, plan.batches - 1), plan.batches)
                 if held is not None and held.num_rows:  # units cut short by an unreadable file
@@ -944,7 +995,6 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
         os.replace(tmp, out_path)
     finally:
         tmp.unlink(missing_ok=True)
-    del np
     return stats
 
 
