@@ -13,7 +13,7 @@ What runs (every measurement in its own fresh subprocess; imports are not timed)
    ``peer/`` (Agent Lightning ``Span`` objects, pickled per 500 episodes). Also ours at N/10.
 2. ``ours``: ``agl_bridge.trainer.transitions.convert(<Parquet dir>, <temp file>)`` with its
    defaults, at N/10 and at N: wall seconds, spans/s, peak RSS (``ru_maxrss``) and the RSS after
-   imports. Whatever ``convert`` does today is what is measured (it is being reworked).
+   imports. Whatever ``convert`` does today is what is measured.
 3. ``peer``: in ``.cache/venv-agentlightning`` (created on first run: ``agentlightning==0.3.0``;
    ``LITELLM_LOCAL_MODEL_COST_MAP=True`` for every process that imports it, or its import reaches
    for the network), ``TracerTraceToTriplet().adapt(spans)`` once per episode, as its training
@@ -455,9 +455,12 @@ def _git() -> dict[str, Any]:
         return r.stdout.strip()
 
     conv = REPO / "trainer" / "transitions.py"
+    fast = REPO / "trainer" / "columnar.py"
     return {"commit": git("rev-parse", "--short", "HEAD"),
-            "transitions_py_modified": bool(git("status", "--porcelain", str(conv))),
-            "transitions_py_sha256": hashlib.sha256(conv.read_bytes()).hexdigest()[:12]}
+            "transitions_py_modified": bool(git("status", "--porcelain", str(conv), str(fast))),
+            "transitions_py_sha256": hashlib.sha256(conv.read_bytes()).hexdigest()[:12],
+            "columnar_py_sha256": (hashlib.sha256(fast.read_bytes()).hexdigest()[:12]
+                                   if fast.exists() else "-")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -559,6 +562,7 @@ def report(info: dict[str, Any]) -> None:
           f"medians of {info['repeats']} fresh processes, min..max in parentheses)")
     g = info["git"]
     print(f"ours: commit {g['commit']}, trainer/transitions.py sha256 {g['transitions_py_sha256']}"
+          f", trainer/columnar.py sha256 {g.get('columnar_py_sha256', '-')}"
           f"{' (uncommitted changes)' if g['transitions_py_modified'] else ''}; peer: "
           f"agentlightning {pe[0]['version'] if pe else '?'}")
     inp = info["inputs"][f"ours@{n}"]
