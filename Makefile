@@ -9,7 +9,7 @@ venv:
 	@scripts/setup-venv.sh
 
 demo: venv
-	.venv/bin/python examples/thin_loop.py --workdir runs/thin-loop
+	.venv/bin/python examples/closed_loop.py --workdir runs/demo
 
 test: venv
 	.venv/bin/python -m pytest -q

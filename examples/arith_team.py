@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=1, help="episodes per task (a group)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--reward", choices=("add", "lower"), default="add",
                     help="add: the arithmetic reward; lower: a toy one for random tiny models")
     args = ap.parse_args()

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from agl_bridge.aliases import AliasTable
     from agl_bridge.trainer.publish import Publisher
-    from agl_bridge.trainer.vllm_server import VLLMServer
+    from agl_bridge.trainer.vllm_server import VLLMServer, has_cuda
 
     registry = work / "registry"  # the alias table lives as long as this server
     shutil.rmtree(registry, ignore_errors=True)
@@ -240,7 +240,10 @@ def main(argv: list[str] | None = None) -> dict:
     with state.timed("start vLLM"):
         server = VLLMServer(model_dir, served_model_name=SERVED_BASE, max_model_len=1024,
                             max_loras=4, max_lora_rank=16, kv_cache_gib=2,
-                            log_path=work / "vllm.log").start()
+                            log_path=work / "vllm.log",
+                            # on a GPU, leave room for the trainer beside the server
+                            extra_args=["--gpu-memory-utilization", "0.35"] if has_cuda()
+                            else []).start()
     # SIGTERM (a CI timeout, `kill`) stops vLLM too; the state on disk is already current
     signal.signal(signal.SIGTERM, _interrupt)
     try:

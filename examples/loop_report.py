@@ -108,6 +108,7 @@ def plot_rounds(data: dict) -> str:
             ax.axhline(data[label]["success"]["rate"] * 100, color="0.4", linestyle=style,
                        label=f"held-out team success, {label}")
     ax.set_xlabel("round (policy that sampled the rollouts: round 0 = base model)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("%")
     ax.set_title(f"Per round: training rollouts at temperature "
                  f"{data['settings']['temperature']}", fontsize=10)
