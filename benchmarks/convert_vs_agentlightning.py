@@ -95,6 +95,12 @@ def _rss_kb() -> int:
     return 0
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process, every thread (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _maxrss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
 
@@ -106,10 +112,12 @@ def worker_ours(src: str, out: str) -> dict[str, Any]:
     from agl_bridge.trainer.transitions import convert
 
     rss0 = _rss_kb()
+    c0 = _cpu_s()
     t0 = time.perf_counter()
     stats = convert(src, out)
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "maxrss_kb": _maxrss_kb(), "rss_after_import_kb": rss0,
+    return {"wall_s": wall, "cpu_s": _cpu_s() - c0, "maxrss_kb": _maxrss_kb(),
+            "rss_after_import_kb": rss0,
             "transitions": stats.transitions, "spans": getattr(stats, "spans", None),
             "llm_spans": getattr(stats, "llm_spans", None),
             "summary": stats.summary().splitlines()[0] if hasattr(stats, "summary") else ""}
@@ -131,18 +139,20 @@ def worker_peer(src: str, records: str) -> dict[str, Any]:
     pickle, Adapter, version = _peer_imports()
     rss0 = _rss_kb()
     adapter = Adapter()
-    load_s = adapt_s = 0.0
+    load_s = adapt_s = load_cpu = adapt_cpu = 0.0
     spans = episodes = triplets = 0
     with open(records, "w") as out:
         for path in sorted(Path(src).glob("chunk-*.pkl")):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             with open(path, "rb") as f:
                 chunk = pickle.load(f)
             load_s += time.perf_counter() - t0
+            load_cpu += _cpu_s() - c0
             for ep, ep_spans in chunk:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), _cpu_s()
                 result = adapter.adapt(ep_spans)
                 adapt_s += time.perf_counter() - t0
+                adapt_cpu += _cpu_s() - c0
                 spans += len(ep_spans)
                 episodes += 1
                 triplets += len(result)
@@ -157,7 +167,8 @@ def worker_peer(src: str, records: str) -> dict[str, Any]:
                         _digest(p), _digest(c), _digest(list(p) + list(c)),
                         ",".join(map(str, p[:6])), ",".join(map(str, c[:6]))))) + "\n")
             del chunk
-    return {"adapt_s": adapt_s, "load_s": load_s, "wall_s": adapt_s + load_s, "spans": spans,
+    return {"adapt_s": adapt_s, "load_s": load_s, "wall_s": adapt_s + load_s,
+            "adapt_cpu_s": adapt_cpu, "cpu_s": adapt_cpu + load_cpu, "spans": spans,
             "episodes": episodes, "triplets": triplets, "maxrss_kb": _maxrss_kb(),
             "rss_after_import_kb": rss0, "version": version}
 
@@ -569,20 +580,28 @@ def report(info: dict[str, Any]) -> None:
     print(f"input: {n:,} episodes, {spans_n:,} spans, {inp['llm_calls']:,} LLM calls "
           f"(N/10: {n10:,} episodes, {spans_n10:,} spans)\n")
     rows = []
+
+    def cpu(rs: list[dict[str, Any]], key: str) -> list[float]:
+        return [r[key] for r in rs if key in r]
+
     if o10:
-        rows.append(("ours  convert(), N/10", spans_n10, [r["wall_s"] for r in o10], o10))
+        rows.append(("ours  convert(), N/10", spans_n10, [r["wall_s"] for r in o10],
+                     cpu(o10, "cpu_s"), o10))
     if on:
-        rows.append(("ours  convert(), N", spans_n, [r["wall_s"] for r in on], on))
+        rows.append(("ours  convert(), N", spans_n, [r["wall_s"] for r in on], cpu(on, "cpu_s"),
+                     on))
     if pe:
         rows.append(("peer  adapt() per episode, adapt only", spans_n,
-                     [r["adapt_s"] for r in pe], pe))
+                     [r["adapt_s"] for r in pe], cpu(pe, "adapt_cpu_s"), pe))
         rows.append(("peer  unpickle + adapt() per episode", spans_n,
-                     [r["wall_s"] for r in pe], pe))
-    print(f"{'converter':40} {'spans':>10} {'wall s':>22} {'spans/s':>22} {'peak RSS MiB':>20}")
-    for label, spans, walls, rs in rows:
+                     [r["wall_s"] for r in pe], cpu(pe, "cpu_s"), pe))
+    print(f"{'converter':40} {'spans':>10} {'wall s':>22} {'spans/s':>22} {'peak RSS MiB':>20}"
+          f" {'CPU s':>22} {'spans/CPU-s':>22}")
+    for label, spans, walls, cpus, rs in rows:
         print(f"{label:40} {spans:>10,} {_spread(walls):>22} "
               f"{_spread([spans / w for w in walls], '{:,.0f}'):>22} "
-              f"{_spread([r['maxrss_kb'] / 1024 for r in rs], '{:.0f}'):>20}")
+              f"{_spread([r['maxrss_kb'] / 1024 for r in rs], '{:.0f}'):>20} "
+              f"{_spread(cpus):>22} {_spread([spans / c for c in cpus], '{:,.0f}'):>22}")
     for r in (on or o10)[:1]:
         print(f"\nours: {r['summary']}")
     if on and pe:
@@ -591,6 +610,11 @@ def report(info: dict[str, Any]) -> None:
               f"{ours_rate / (spans_n / _med([r['adapt_s'] for r in pe])):.2f}x against its "
               f"adapt() alone, {ours_rate / (spans_n / _med([r['wall_s'] for r in pe])):.2f}x "
               f"against unpickle + adapt()  (target: >= 20x)")
+        oc, pc_ = cpu(on, "cpu_s"), cpu(pe, "adapt_cpu_s")
+        if oc and pc_:
+            print(f"CPU-time ratio (median spans per CPU-second, all our threads counted): "
+                  f"{_med(pc_) / _med(oc):.2f}x against its adapt() alone, "
+                  f"{_med(cpu(pe, 'cpu_s')) / _med(oc):.2f}x against unpickle + adapt()")
     if on and o10:
         a, b = _med([r["maxrss_kb"] for r in o10]), _med([r["maxrss_kb"] for r in on])
         a0 = _med([r["maxrss_kb"] - r["rss_after_import_kb"] for r in o10])

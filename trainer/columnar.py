@@ -65,7 +65,8 @@ def episode_keys(table: pa.Table) -> pa.Array:
     ep = table["episode_id"]
     if ep.null_count == 0:
         return ep.combine_chunks() if isinstance(ep, pa.ChunkedArray) else ep
-    key = pc.coalesce(ep, pc.binary_join_element_wise(lit("trace:"), table["trace_id"], lit("")))
+    trace = pc.fill_null(table["trace_id"], lit("None"))  # as the reference's f"trace:{t}"
+    key = pc.coalesce(ep, pc.binary_join_element_wise(lit("trace:"), trace, lit("")))
     return key.combine_chunks() if isinstance(key, pa.ChunkedArray) else key
 
 

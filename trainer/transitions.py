@@ -984,10 +984,12 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
                 if held is not None and held.num_rows:  # units cut short by an unreadable file
                     convert_rows(held, None, pool, writer)
                 flush(pool, writer)
-                while writes:
-                    writes.pop(0).result()
             finally:
-                writer.close()
+                try:
+                    while writes:  # never close the writer under a write in flight
+                        writes.pop(0).result()
+                finally:
+                    writer.close()
             f.flush()
             os.fsync(f.fileno())
         if progress:
