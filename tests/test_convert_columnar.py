@@ -175,3 +175,17 @@ def test_convert_streams_units_as_they_complete(tmp_path, monkeypatch):
     assert stats.notes == ref_stats.notes
     assert stats.groups == ref_stats.groups
     assert stats.zero_variance_groups == ref_stats.zero_variance_groups
+
+
+def test_units_join_episodes_that_share_tasks():
+    import pyarrow as pa
+
+    from agl_bridge.trainer.transitions import _units
+
+    episodes = pa.array(["e1", "e2", "e3", "e4", "e5", "e6"])
+    pairs_e = [pa.array(["e1", "e2", "e2"]), pa.array(["e3", "e4", "e6"])]
+    pairs_t = [pa.array(["A", "A", "B"]), pa.array(["B", "C", "A"])]
+    unit = _units(episodes, pairs_e, pairs_t).tolist()
+    assert unit[0] == unit[1] == unit[2] == unit[5]  # e1-A-e2-B-e3, e6-A
+    assert len({unit[0], unit[3], unit[4]}) == 3  # e4 (task C) and e5 (no task) alone
+    assert _units(episodes, [], []).tolist() == list(range(6))
