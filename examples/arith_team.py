@@ -108,9 +108,21 @@ async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
                "checker": _client(args.base_url, args.checker_model, args.temperature,
                                   args.max_tokens)}
     sem = asyncio.Semaphore(args.concurrency)
+    total = len(tasks) * args.rollouts
+    done = 0
+
+    async def counted(coro):
+        nonlocal done
+        result = await coro
+        done += 1
+        if sys.stderr.isatty():
+            print(f"\r  episodes {done}/{total}", end="\n" if done == total else "",
+                  file=sys.stderr, flush=True)
+        return result
+
     try:
-        return await asyncio.gather(*(play(t, r, clients, sem, args.reward) for t in tasks
-                                      for r in range(args.rollouts)))
+        return await asyncio.gather(*(counted(play(t, r, clients, sem, args.reward))
+                                      for t in tasks for r in range(args.rollouts)))
     finally:
         for c in clients.values():
             await c.close()

@@ -134,9 +134,10 @@ def run_team(base_url: str, tasks: list[dict], out_dir: Path, registry: Path, *,
            "--temperature", str(temperature), "--max-tokens", str(max_tokens),
            "--reward", tasks[0]["kind"]]
     # a directory outside the repository, so the installed package is imported, as for a user
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=out_dir)
+    # its stderr (progress, errors) goes to the terminal; its stdout ends with a summary line
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=out_dir)
     if proc.returncode != 0:
-        raise RuntimeError(f"the team failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"the team failed (exit {proc.returncode}); its errors are above")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -54,6 +54,11 @@ class VLLMServer:
             *extra_args,
         ]
         self.env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
+        if self.dtype != "bfloat16" or not has_cuda():
+            # faster multi-LoRA ops for the CPU backend, in every server process (vllm_cpu_lora)
+            site = str(Path(__file__).with_name("vllm_site"))
+            self.env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (site, self.env.get("PYTHONPATH")) if p)
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s

@@ -1,0 +1,1 @@
+"""A ``sitecustomize`` for the vLLM server processes agl-bridge starts (see vllm_cpu_lora)."""
