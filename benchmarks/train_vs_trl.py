@@ -237,8 +237,8 @@ def worker_ours(spec: dict) -> dict:
         shutil.rmtree(out_root, ignore_errors=True)
     mem = clock.finish()
     tokens_per_step = [0.0] * result.steps
-    for m in result.metrics:
-        tokens_per_step[m["step"] - 1] += m["tokens"]
+    for m in result.metrics:  # by micro-batch: m["step"] counts steps done *after* it
+        tokens_per_step[m["micro_batch"] // cfg.gradient_accumulation_steps] += m["tokens"]
     return {
         "trainer": "ours", "steps": result.steps, "step_times": clock.times,
         "tokens_per_step": tokens_per_step,
