@@ -42,6 +42,7 @@ Duplicate span ids are detected within a unit (a span exported twice lies in its
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -55,8 +56,6 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import json
-
 import pyarrow.parquet as pq
 
 from agl_bridge import semconv as sc
@@ -114,7 +113,7 @@ class ConversionStats:
     zero_variance_groups: int = 0
     groups: int = 0
 
-    def merge(self, other: "ConversionStats") -> None:
+    def merge(self, other: ConversionStats) -> None:
         for name in ("spans", "episodes", "llm_spans", "transitions", "zero_variance_groups",
                      "groups"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -899,8 +898,9 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
     back; write the transitions as they come. Reading, converting and writing overlap (a
     reader thread one batch ahead, a writer thread one table behind). Memory: a few batches
     plus the held rows."""
-    import numpy as np
     from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
 
     stats = ConversionStats()
     out_path = Path(out_path)
@@ -952,7 +952,7 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
                         continue
                     rows, start = item[2], item[3]
                     end = start + rows.num_rows
-                    known, done, begun = plan.lookup(columnar.episode_keys(rows), start, end)
+                    _, done, begun = plan.lookup(columnar.episode_keys(rows), start, end)
                     complete = done < end
                     fresh = complete & ~begun  # units wholly in this batch: converted in place
                     if fresh.any():
