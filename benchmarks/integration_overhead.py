@@ -169,7 +169,7 @@ def worker(framework: str, pairs: int, runs: int, aa: bool) -> dict:
     provider.force_flush()
     Discard.spans = 0
     out: dict = {"on_cpu": [], "off_cpu": [], "on_wall": [], "off_wall": []}
-    on_runs = 0
+    spans = {True: 0, False: 0}  # exported in the blocks on / off (each block ends flushed)
     for _ in range(pairs):
         order = [True, False]
         random.shuffle(order)
@@ -178,6 +178,7 @@ def worker(framework: str, pairs: int, runs: int, aa: bool) -> dict:
             if instrumented:
                 set_on(True)
             gc.collect()
+            before = Discard.spans
             w0, c0 = time.perf_counter(), time.process_time()
             for _ in range(runs):
                 step()
@@ -185,10 +186,11 @@ def worker(framework: str, pairs: int, runs: int, aa: bool) -> dict:
             side = "on" if on else "off"
             out[f"{side}_cpu"].append((time.process_time() - c0) / runs)
             out[f"{side}_wall"].append((time.perf_counter() - w0) / runs)
+            spans[on] += Discard.spans - before
             if instrumented:
                 set_on(False)
-                on_runs += runs
-    out["spans_per_run"] = Discard.spans / on_runs if on_runs else 0.0
+    out["spans_per_run"] = spans[True] / (runs * pairs)
+    out["spans_per_bare_run"] = spans[False] / (runs * pairs)
     return out
 
 
@@ -248,8 +250,9 @@ def summarize(results: list[dict], framework: str, aa: bool) -> dict | None:
     mine = [r for r in results if r["framework"] == framework and r["aa"] == aa]
     if not mine:
         return None
-    cell: dict = {"processes": len(mine), "spans_per_run": statistics.median(
-        r["spans_per_run"] for r in mine)}
+    cell: dict = {"processes": len(mine),
+                  "spans_per_run": statistics.median(r["spans_per_run"] for r in mine),
+                  "spans_per_bare_run": statistics.median(r["spans_per_bare_run"] for r in mine)}
     for kind in ("cpu", "wall"):
         added = [r[f"added_{kind}"] for r in mine]
         pooled = [d for r in mine for d in r[f"diffs_{kind}"]]
@@ -321,7 +324,7 @@ def main() -> None:
     print(f"machine: {meta['machine']}; {meta['seconds']} s")
     print(f"{'row':<48}{'pairs x runs':>13}{'bare CPU ms':>12}{'added CPU us':>26}"
           f"{'%':>7}{'pairs p10..p90':>20}{'bare wall ms':>13}{'added wall us':>15}"
-          f"{'spans/run':>10}")
+          f"{'spans on/off':>13}")
     for f, aa in jobs:
         c = summary[f"{f}{' A/A' if aa else ''}"]
         cpu, wall = c["cpu"], c["wall"]
@@ -329,9 +332,10 @@ def main() -> None:
         p, r = meta["shape"][f]
         added = f"{_us(cpu['added'])} [{_us(cpu['min'])}..{_us(cpu['max'])}]"
         spread = f"{_us(cpu['pair_p10'])}..{_us(cpu['pair_p90'])}"
+        spans = f"{c['spans_per_run']:.1f}/{c['spans_per_bare_run']:.1f}"
         print(f"{label:<48}{f'{p} x {r}':>13}{cpu['bare'] * 1e3:12.2f}{added:>26}"
               f"{cpu['added_pct']:+7.1f}{spread:>20}{wall['bare'] * 1e3:13.2f}"
-              f"{_us(wall['added']):>15}{c['spans_per_run']:10.1f}")
+              f"{_us(wall['added']):>15}{spans:>13}")
     for n in notes:
         print(n)
     if args.json:

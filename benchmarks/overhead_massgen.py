@@ -112,7 +112,8 @@ def main() -> None:
     provider.force_flush()
     Discard.spans = 0
 
-    on_cpu, off_cpu, on_wall, off_wall, on_runs, sequence = [], [], [], [], 0, []
+    on_cpu, off_cpu, on_wall, off_wall, sequence = [], [], [], [], []
+    spans = {True: 0, False: 0}  # exported in the blocks on / off (each block ends flushed)
     for _ in range(args.pairs):
         order = [True, False]
         random.shuffle(order)
@@ -121,21 +122,23 @@ def main() -> None:
             if instrumented:
                 set_on(True)
             gc.collect()
+            before = Discard.spans
             w0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.runs):
                 one()
             provider.force_flush()  # each block pays for exporting its own spans
             cpu = (time.process_time() - c0) / args.runs
             wall = (time.perf_counter() - w0) / args.runs
+            spans[on] += Discard.spans - before
             if instrumented:
                 set_on(False)
-                on_runs += args.runs
             sequence.append([on, round(cpu, 6)])
             (on_cpu if on else off_cpu).append(cpu)
             (on_wall if on else off_wall).append(wall)
     print(json.dumps({"on_cpu": on_cpu, "off_cpu": off_cpu, "on_wall": on_wall,
                       "off_wall": off_wall, "sequence": sequence,
-                      "spans_per_run": Discard.spans / on_runs if on_runs else 0.0}))
+                      "spans_per_run": spans[True] / (args.runs * args.pairs),
+                      "spans_per_bare_run": spans[False] / (args.runs * args.pairs)}))
 
 
 if __name__ == "__main__":
