@@ -47,6 +47,9 @@ def test_linear_token_logprobs_float32_without_bias_and_frozen_weight():
     weight = torch.randn(300, 16)  # a frozen (tied) head: no weight gradient is computed
     targets = torch.randint(0, 300, (7,))
     got = linear_token_logprobs(hidden, weight, targets, tile_bytes=4 * 300 * 2)
+    strided = torch.randn(16, 7).t().requires_grad_()  # a non-contiguous input works too
+    linear_token_logprobs(strided, weight, targets, tile_bytes=4 * 300 * 2).sum().backward()
+    assert strided.grad.shape == (7, 16)
     expected = token_logprobs(hidden @ weight.T, targets)
     assert got.dtype == torch.float32 and torch.allclose(got, expected, atol=1e-5)
     (g_have,) = torch.autograd.grad(got.sum(), hidden)

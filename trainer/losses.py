@@ -84,7 +84,9 @@ def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     if tile_bytes is None:
         tile_bytes = (8 if hidden.device.type == "cpu" else 256) << 20
     rows = max(1, tile_bytes // (4 * weight.size(0)))
-    return _LinearTokenLogprobs.apply(hidden, weight, bias, targets, rows)
+    # contiguous: backward writes each tile's gradient into row slices of one buffer
+    return _LinearTokenLogprobs.apply(hidden.contiguous(), weight, bias, targets.contiguous(),
+                                      rows)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_type: LossType,
