@@ -141,6 +141,11 @@ def run_team(base_url: str, tasks: list[dict], out_dir: Path, registry: Path, *,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def eval_mode(settings: dict) -> str:
+    t, k = settings["eval_temperature"], settings["eval_rollouts"]
+    return "greedy" if t == 0 and k == 1 else f"{k} sample(s) at temperature {t}"
+
+
 def evaluate(label: str, state: State, base_url: str, tasks: list[dict], work: Path,
              registry: Path, max_tokens: int) -> dict:
     from loop_report import episode_stats
@@ -148,10 +153,13 @@ def evaluate(label: str, state: State, base_url: str, tasks: list[dict], work: P
     after = len(state.data["rounds"])
     if label in state.data and state.data[label].get("after_rounds", 0) == after:
         return state.data[label]
-    log(f"{label}: the team answers {len(tasks)} held-out questions (greedy) ...")
+    settings = state.data["settings"]
+    log(f"{label}: the team answers {len(tasks)} held-out questions "
+        f"({eval_mode(settings)}) ...")
     with state.timed("held-out evaluation"):
-        summary = run_team(base_url, tasks, work / label, registry, rollouts=1, temperature=0.0,
-                           max_tokens=max_tokens)
+        summary = run_team(base_url, tasks, work / label, registry,
+                           rollouts=settings["eval_rollouts"],
+                           temperature=settings["eval_temperature"], max_tokens=max_tokens)
     stats = episode_stats(work / label / "episodes.jsonl")
     state.data[label] = {**stats, "policy": dict(_live(registry)),
                          "seconds": summary["seconds"], "after_rounds": after}
@@ -174,10 +182,11 @@ def train_round(state: State, r: int, model_dir: Path, rdir: Path, settings: dic
     init = rounds[r - 1]["adapters"] if r > 0 else None
     run = train_from_traces(
         rdir / "spans", model_dir, algorithm="at_grpo", policy="per_agent_lora",
-        output_dir=rdir / "train", adapters_dir=rdir.parent / "adapters", init_adapters=init, progress=sys.stderr.isatty(),
+        output_dir=rdir / "train", adapters_dir=rdir.parent / "adapters", init_adapters=init,
+        progress=sys.stderr.isatty(),
         alpha=settings["alpha"], learning_rate=settings["learning_rate"],
         per_device_train_batch_size=settings["batch_size"], lora_r=16, lora_alpha=32,
-        seed=settings["seed"] + r, num_train_epochs=1)
+        seed=settings["seed"] + r, num_train_epochs=settings["epochs"])
     return {"adapters": {k: str(v) for k, v in run.adapters.items()}, "steps": run.steps,
             "transitions": run.conversion.transitions if run.conversion else None,
             "zero_variance_groups": run.conversion.zero_variance_groups if run.conversion
@@ -202,9 +211,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rollouts", type=int, default=4, help="episodes per task: the group size")
     ap.add_argument("--eval-tasks", type=int, default=100)
     ap.add_argument("--temperature", type=float, default=0.6)
+    ap.add_argument("--eval-temperature", type=float, default=0.0,
+                    help="held-out sampling temperature (default 0: greedy)")
+    ap.add_argument("--eval-rollouts", type=int, default=1, help="held-out episodes per task")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--learning-rate", type=float, default=2e-4)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=1, help="passes over each round's data")
     ap.add_argument("--alpha", type=float, default=1.0, help="AT-GRPO team reward weight")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fresh", action="store_true", help="discard an earlier run in --workdir")
@@ -218,7 +231,6 @@ def main(argv: list[str] | None = None) -> dict:
         log(f"resuming {work}: {len(state.data['rounds'])} round(s) done, "
             f"{state.elapsed / 60:.1f} min spent")
     sys.path.insert(0, str(Path(__file__).parent))
-    from loop_report import write_report
 
     with state.timed("model"):
         if args.model == "smollm2":
@@ -230,6 +242,11 @@ def main(argv: list[str] | None = None) -> dict:
 
             model_dir = build_tiny_model(work / "tiny-model", seed=args.seed)
     heldout = held_out(task, args.eval_tasks, args.seed)
+    final = state.data.get("final")
+    if final and final["after_rounds"] == len(state.data["rounds"]) and \
+            final.get("budget") == [args.rounds, args.minutes]:
+        log("this run is complete; rewriting its report (--rounds or --minutes to go on)")
+        return finish(work, state)
 
     from agl_bridge.aliases import AliasTable
     from agl_bridge.trainer.publish import Publisher
@@ -298,22 +315,31 @@ def main(argv: list[str] | None = None) -> dict:
             r += 1
         final = evaluate("final", state, server.base_url, heldout, work, registry,
                          args.max_tokens)
+        final["budget"] = [args.rounds, args.minutes]
+        state.save()
     except KeyboardInterrupt:
         log(f"stopped; run the same command again to go on from {work / STATE}")
         raise SystemExit(130)
     finally:
         server.stop()
+    return finish(work, state)
+
+
+def finish(work: Path, state: State) -> dict:
+    from loop_report import write_report
+
     page = write_report(work, state.data)
-    summary_text = summary(state.data, base, final)
-    print(summary_text, flush=True)
-    (work / "summary.txt").write_text(summary_text)
+    text = summary(state.data, state.data["baseline"], state.data["final"])
+    print(text, flush=True)
+    (work / "summary.txt").write_text(text)
     log(f"report: {page}")
     return state.data
 
 
 def summary(data: dict, base: dict, final: dict) -> str:
     b, f = base["success"], final["success"]
-    lines = ["", "held-out team success (greedy, %d tasks, 95%% Wilson interval):" % b["n"],
+    lines = ["", f"held-out team success ({eval_mode(data['settings'])}, {b['n']} episodes, "
+             "95% Wilson interval):",
              f"  before: {b['rate']:6.1%}  [{b['low']:.1%}, {b['high']:.1%}]",
              f"  after : {f['rate']:6.1%}  [{f['low']:.1%}, {f['high']:.1%}]   "
              f"({(f['rate'] - b['rate']) * 100:+.1f} points)",

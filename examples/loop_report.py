@@ -81,7 +81,7 @@ def plot_before_after(base: dict, final: dict) -> str:
                color=colour)
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("held-out correct, % (95% CI)")
-    ax.set_title(f"Held-out tasks (n={base['success']['n']}), greedy: before vs after training",
+    ax.set_title(f"Held-out episodes (n={base['success']['n']}): before vs after training",
                  fontsize=10)
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
@@ -200,14 +200,16 @@ def write_report(work: Path, data: dict) -> Path:
             f"{len(data['rounds'])} round(s) of {s['tasks_per_round']} tasks x {s['rollouts']} "
             f"rollouts at temperature {s['temperature']}; AT-GRPO (alpha {s['alpha']}), one LoRA "
             f"adapter per agent, learning rate {s['learning_rate']}; held-out set of "
-            f"{s['eval_tasks']} tasks never sampled for training; resumed "
+            f"{s['eval_tasks']} tasks never sampled for training, answered "
+            f"{'greedily' if s.get('eval_temperature', 0) == 0 else 'by sampling at temperature ' + str(s['eval_temperature'])}"
+            f" ({s.get('eval_rollouts', 1)} episode(s) per task); resumed "
             f"{data.get('resumed', 0)} time(s).</p>"]
     if base and final:
         diff = (final["success"]["rate"] - base["success"]["rate"]) * 100
         body += [f"<h2>Held-out team success: {base['success']['rate']:.1%} &rarr; "
                  f"{final['success']['rate']:.1%} ({diff:+.1f} points)</h2>",
                  f"<img src='data:image/png;base64,{plot_before_after(base, final)}'>",
-                 _table(["measure (held-out, greedy)", "before", "after"],
+                 _table(["measure (held-out)", "before", "after"],
                         [["team success", _pct(base["success"]), _pct(final["success"])],
                          ["team reward", _mean(base["team_reward"]),
                           _mean(final["team_reward"])]]
