@@ -57,10 +57,11 @@ def score(text: str, a: int, b: int) -> dict[str, float]:
     return {"correct": correct, "close": close, "form": form}
 
 
-def score_lower(text: str) -> dict[str, float]:
-    """The toy reward a random tiny model can learn (the fast variant in the tests): the share
-    of the reply's characters that are lowercase ASCII letters; 'correct' when at least 0.6."""
-    share = sum("a" <= ch <= "z" for ch in text) / len(text) if text else 0.0
+def score_lower(text: str, max_tokens: int) -> dict[str, float]:
+    """The toy reward a random tiny model can learn (the fast variant in the tests): lowercase
+    ASCII letters per token the reply may have (the tiny model's tokenizer is byte-level, one
+    letter per token), so every extra letter pays and nothing else does; 'correct' from 0.6."""
+    share = min(1.0, sum("a" <= ch <= "z" for ch in text or "") / max_tokens)
     return {"correct": float(share >= 0.6), "close": 0.0, "form": share}
 
 
@@ -73,7 +74,7 @@ def _client(base_url: str, model: str, temperature: float, max_tokens: int):
 
 
 async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
-               reward: str) -> dict:
+               reward: str, args: argparse.Namespace) -> dict:
     from autogen_agentchat.agents import AssistantAgent
     from autogen_agentchat.teams import RoundRobinGroupChat
 
@@ -88,7 +89,7 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
             result = await team.run(task=QUESTION.format(a=a, b=b))
             replies = {m.source: m.content for m in result.messages if m.source != "user"}
             parts = {name: score(replies.get(name, ""), a, b) if reward == "add" else
-                     score_lower(replies.get(name, "")) for name in ("solver", "checker")}
+                     score_lower(replies.get(name, ""), args.max_tokens) for name in ("solver", "checker")}
             team_parts = {"correct": parts["checker"]["correct"],
                           "close": parts["checker"]["close"]}
             agl_bridge.emit_reward(team_parts, scope="team")
@@ -121,7 +122,7 @@ async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
         return result
 
     try:
-        return await asyncio.gather(*(counted(play(t, r, clients, sem, args.reward))
+        return await asyncio.gather(*(counted(play(t, r, clients, sem, args.reward, args))
                                       for t in tasks for r in range(args.rollouts)))
     finally:
         for c in clients.values():

