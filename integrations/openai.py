@@ -726,12 +726,16 @@ class OpenAIInstrumentor(BaseInstrumentor):
         self._mode = mode
         self._stream_types = (Stream, AsyncStream)
         self.probe = kwargs.get("probe") or ServerProbe()
+        self._active = True
         wrap_function_wrapper(_MODULE, "Completions.create", self._sync_create)
         wrap_function_wrapper(_MODULE, "AsyncCompletions.create", self._async_create)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         import openai.resources.chat.completions as mod
 
+        # openai's with_raw_response binds ``create`` when first used: a client that did so
+        # while we were on keeps calling our wrapper, which must then step aside
+        self._active = False
         unwrap(mod.Completions, "create")
         unwrap(mod.AsyncCompletions, "create")
 
@@ -783,7 +787,7 @@ class OpenAIInstrumentor(BaseInstrumentor):
 
     # -- wrappers ---------------------------------------------------------------------------
     def _sync_create(self, wrapped, instance, args, kwargs):
-        if not is_instrumentation_enabled():
+        if not (getattr(self, "_active", False) and is_instrumentation_enabled()):
             return wrapped(*args, **kwargs)
         kwargs, alias = _resolve_alias(kwargs)
         level = capture_level()
@@ -800,7 +804,7 @@ class OpenAIInstrumentor(BaseInstrumentor):
         return self._finish(span, result, call)
 
     async def _async_create(self, wrapped, instance, args, kwargs):
-        if not is_instrumentation_enabled():
+        if not (getattr(self, "_active", False) and is_instrumentation_enabled()):
             return await wrapped(*args, **kwargs)
         kwargs, alias = _resolve_alias(kwargs)
         level = capture_level()

@@ -24,3 +24,19 @@ def test_raw_responses_are_recorded_and_restored(spans):
     (span,) = [s for s in spans.get_finished_spans() if s.name == "chat m"]
     assert list(span.attributes[sc.COMPLETION_TOKEN_IDS]) == [8, 9]
     assert span.attributes[sc.GEN_AI_RESPONSE_ID] == "chatcmpl-scripted"
+
+
+def test_a_raw_response_client_bound_while_on_stops_tracing_after_uninstrument(spans):
+    """openai binds ``create`` into ``with_raw_response`` on first use (langchain-openai keeps
+    that object): after ``uninstrument()`` such a client must not go on making spans."""
+    with ScriptedServer(vllm=True, completion_ids=[8, 9]) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        OpenAIInstrumentor().instrument()
+        try:
+            raw_api = client.chat.completions.with_raw_response  # binds the wrapped create
+            raw_api.create(model="m", messages=[{"role": "user", "content": "on"}]).parse()
+        finally:
+            OpenAIInstrumentor().uninstrument()
+        after = raw_api.create(model="m", messages=[{"role": "user", "content": "off"}])
+    assert after.parse().choices[0].message.content == "hello"
+    assert len([s for s in spans.get_finished_spans() if s.name == "chat m"]) == 1
