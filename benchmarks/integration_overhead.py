@@ -126,24 +126,12 @@ def _autogen_step():
 
 def worker(framework: str, pairs: int, runs: int, aa: bool) -> dict:
     """In one process: pairs of blocks on/off in random order; CPU and wall seconds per run."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     from agl_bridge.integrations.openai import OpenAIInstrumentor
-    from agl_bridge.otel.processors import ScopeSpanProcessor
 
-    class Discard(SpanExporter):
-        spans = 0
+    from discard_spans import install_discarding_provider
 
-        def export(self, spans):
-            Discard.spans += len(spans)
-            return SpanExportResult.SUCCESS
-
-    provider = TracerProvider()
-    provider.add_span_processor(ScopeSpanProcessor())
-    provider.add_span_processor(BatchSpanProcessor(Discard()))
-    trace.set_tracer_provider(provider)
+    provider, Discard = install_discarding_provider()
     if framework == "langgraph":
         from agl_bridge.integrations.langchain import LangChainInstrumentor as Integration
         make_step = _langgraph_step

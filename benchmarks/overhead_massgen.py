@@ -42,14 +42,9 @@ def main() -> None:
 
     import massgen
     from massgen.token_manager.token_manager import TokenCostCalculator
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import (BatchSpanProcessor, SpanExporter,
-                                                SpanExportResult)
 
     from agl_bridge.integrations.massgen import MassGenInstrumentor
     from agl_bridge.integrations.openai import OpenAIInstrumentor
-    from agl_bridge.otel.processors import ScopeSpanProcessor
 
     # No network here: MassGen would try to download a pricing file after every LLM call.
     TokenCostCalculator._fetch_litellm_pricing = lambda self: None
@@ -72,17 +67,9 @@ def main() -> None:
         transports.create_ssl_context = create_ssl_context
     logging.disable(logging.WARNING)
 
-    class Discard(SpanExporter):
-        spans = 0
+    from discard_spans import install_discarding_provider
 
-        def export(self, spans):
-            Discard.spans += len(spans)
-            return SpanExportResult.SUCCESS
-
-    provider = TracerProvider()
-    provider.add_span_processor(ScopeSpanProcessor())
-    provider.add_span_processor(BatchSpanProcessor(Discard()))
-    trace.set_tracer_provider(provider)
+    provider, Discard = install_discarding_provider()
 
     config = {"agents": [
         {"id": agent, "backend": {"type": "chatcompletion", "model": f"m-{agent}",
