@@ -54,7 +54,7 @@ class VLLMServer:
             *extra_args,
         ]
         self.env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
-        if self.dtype != "bfloat16" or not has_cuda():
+        if not has_cuda():
             # faster multi-LoRA ops for the CPU backend, in every server process (vllm_cpu_lora)
             site = str(Path(__file__).with_name("vllm_site"))
             self.env["PYTHONPATH"] = os.pathsep.join(
