@@ -47,8 +47,12 @@ def tricky_rows(seed: int, episodes: int = 12) -> list[dict]:
                     t += r.choice((0, 1, 2))  # equal start times happen
                     if context is not None and r.random() < 0.7:
                         prompt = context + [r.randint(0, 9) for _ in range(r.randint(0, 3))]
-                        if r.random() < 0.1:
+                        u = r.random()
+                        if u < 0.1:
                             prompt = context[:-1]  # shorter than the context
+                        elif u < 0.2 and context:  # one token of the context differs
+                            k = r.randrange(len(context))
+                            prompt = prompt[:k] + [prompt[k] + 1] + prompt[k + 1:]
                     else:
                         prompt = [r.randint(0, 9) for _ in range(r.randint(1, 5))]
                     completion = [r.randint(0, 9) for _ in range(r.randint(0, 3))]
