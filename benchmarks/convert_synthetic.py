@@ -57,6 +57,19 @@ from pathlib import Path
 from typing import Any
 
 FORMAT_VERSION = 2  # bump when the generated spans change: cached sets are regenerated
+
+
+def writer_fingerprint(fmt: str) -> str | None:
+    """Ours: a digest of how span Parquet is encoded (``parquet_io.writer_options``), so that a
+    cached set written with other encodings is regenerated. The peer's pickles: none."""
+    if fmt != "ours":
+        return None
+    import hashlib
+
+    from agl_bridge.parquet_io import writer_options
+    from agl_bridge.schema import SPAN_SCHEMA
+
+    return hashlib.sha256(repr(writer_options(SPAN_SCHEMA)).encode()).hexdigest()[:12]
 SERVICE = "synthetic-team"
 T0_NS = 1_748_736_000 * 10**9  # 2025-06-01T00:00:00Z: every span in one date partition up to ~2M
 GAP_NS = 350_000_000  # episode i starts at T0 + i * GAP (+ jitter < GAP): ~32 episodes in flight
@@ -367,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     info = (write_ours if a.format == "ours" else write_peer)(a.episodes, a.seed, a.out)
-    info.update({"format": a.format, "format_version": FORMAT_VERSION, "episodes": a.episodes,
+    info.update({"format": a.format, "format_version": FORMAT_VERSION,
+                 "writer": writer_fingerprint(a.format), "episodes": a.episodes,
                  "seed": a.seed, "generation_s": round(time.perf_counter() - t0, 1)})
     tmp = a.out / "_manifest.json.tmp"
     tmp.write_text(json.dumps(info, indent=1))

@@ -263,7 +263,9 @@ def _complete(path: Path) -> dict[str, Any] | None:
         m = json.loads((path / "_manifest.json").read_text())
     except (OSError, ValueError):
         return None
-    return m if m.get("format_version") == syn.FORMAT_VERSION else None
+    if m.get("format_version") != syn.FORMAT_VERSION:
+        return None
+    return m if m.get("writer") == syn.writer_fingerprint(m.get("format")) else None
 
 
 def ensure_datasets(wanted: list[tuple[int, str]], seed: int, peer_python: Path

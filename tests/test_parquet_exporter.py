@@ -63,6 +63,17 @@ def test_rows_roundtrip_with_typed_token_ids_and_lossless_attributes(tmp_path, m
     assert type(attrs["custom.int"]) is int and type(attrs["custom.float"]) is float
     assert json.loads(chat["events"])[0]["attributes"] == {"attempt": 2}
     assert chat["end_time_unix_nano"] >= chat["start_time_unix_nano"] > 0
+    # encodings (parquet_io.writer_options): ids and logprobs byte-stream-split, strings
+    # dictionary-encoded, no statistics on lists
+    path = next(iter_parquet_files(tmp_path))
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    cols = {meta.column(i).path_in_schema: meta.column(i) for i in range(meta.num_columns)}
+    for name in ("prompt_token_ids", "completion_token_ids", "completion_logprobs"):
+        col = cols[f"{name}.list.element"]
+        assert "BYTE_STREAM_SPLIT" in col.encodings and col.compression == "ZSTD", name
+        assert not col.is_stats_set, name
+    assert "RLE_DICTIONARY" in cols["episode_id"].encodings
+    assert cols["turn_index"].is_stats_set
 
 
 def test_promoted_attribute_with_wrong_type_stays_in_json(tmp_path, make_spans):

@@ -59,7 +59,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from agl_bridge import semconv as sc
-from agl_bridge.parquet_io import SchemaError, iter_parquet_files, read_checked, write_table_atomic
+from agl_bridge.parquet_io import (
+    SchemaError,
+    iter_parquet_files,
+    read_checked,
+    write_table_atomic,
+    writer_options,
+)
 from agl_bridge.schema import REQUIRED_SPAN_COLUMNS, SPAN_SCHEMA, TRANSITION_SCHEMA
 from agl_bridge.trainer import columnar
 from agl_bridge.trainer.credit import (
@@ -620,7 +626,8 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
                 part = table.filter(pc.equal(ids, b))
                 if part.num_rows:
                     if b not in writers:
-                        writers[b] = pq.ParquetWriter(spill / f"{b}.parquet", part.schema)
+                        writers[b] = pq.ParquetWriter(spill / f"{b}.parquet", part.schema,
+                                                      **writer_options(part.schema))
                     writers[b].write_table(part)
         for w in writers.values():
             w.close()
@@ -636,7 +643,8 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
                     pq.read_table(spill / f"{b}.parquet"), cfg, source=f" (under {source})")
                 stats.merge(part_stats)
                 if out_writer is None:
-                    out_writer = pq.ParquetWriter(tmp_out, TRANSITION_SCHEMA, compression="zstd")
+                    out_writer = pq.ParquetWriter(tmp_out, TRANSITION_SCHEMA,
+                                                  **writer_options(TRANSITION_SCHEMA))
                 out_writer.write_table(part_table)
                 if progress:
                     progress(n, len(done_buckets))
@@ -810,14 +818,17 @@ def _units(episodes: pa.Array, pair_eps: list, pair_tasks: list) -> Any:
     return np.unique(parent[:n], return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
-_STRING_COLUMNS = [f.name for f in TRANSITION_SCHEMA if pa.types.is_string(f.type)]
-# min/max statistics of the scalar columns only: those of the id lists cost time, serve nobody
-_SCALAR_COLUMNS = [f.name for f in TRANSITION_SCHEMA if not pa.types.is_list(f.type)]
+# Batches between two hand-backs of freed memory. The allocators reuse what a batch freed for
+# the next, so memory plateaus within a few batches anyway (1M-span benchmark: 400-450 MiB
+# from the 8th batch on without any hand-back); handing back costs time, since the next batch
+# faults every page in again: after every batch it took a quarter of the conversion's CPU.
+_RELEASE_EVERY = 32
 
 
 def _release_memory() -> None:
-    """Give freed memory back to the system between batches: Arrow's pool, and the C heap
-    (numpy's temporaries; glibc keeps large freed blocks otherwise). Keeps the peak flat."""
+    """Give freed memory back to the system: Arrow's pool, and the C heap (numpy's
+    temporaries; glibc keeps large freed blocks otherwise). A bound on slow growth from
+    fragmentation on very long inputs."""
     pa.default_memory_pool().release_unused()
     if _TRIM is not None:
         _TRIM(0)
@@ -937,9 +948,7 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f, ThreadPoolExecutor(1, "agl-bridge-convert-write") as pool:
-            writer = pq.ParquetWriter(f, TRANSITION_SCHEMA, compression="zstd",
-                                      use_dictionary=_STRING_COLUMNS,
-                                      write_statistics=_SCALAR_COLUMNS)
+            writer = pq.ParquetWriter(f, TRANSITION_SCHEMA, **writer_options(TRANSITION_SCHEMA))
             try:
                 held: pa.Table | None = None  # rows of units still open, one chunk
                 held_done = np.zeros(0, np.int64)
@@ -978,7 +987,8 @@ def _convert_streaming(plan: _StreamPlan, out_path: str | os.PathLike[str], cfg:
                     held_done = (np.concatenate([k[1] for k in keep]) if keep
                                  else np.zeros(0, np.int64))
                     done_batches += 1
-                    _release_memory()
+                    if done_batches % _RELEASE_EVERY == 0:
+                        _release_memory()
                     if progress:
                         progress(min(done_batches, plan.batches - 1), plan.batches)
                 if held is not None and held.num_rows:  # units cut short by an unreadable file
