@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from agl_bridge import semconv as sc
 
-SPAN_SCHEMA_VERSION = 1
+SPAN_SCHEMA_VERSION = 2  # 2: coordination_round promoted (files of version 1 read as before)
 TRANSITION_SCHEMA_VERSION = 2
 
 # attribute key -> (column name, arrow type) for attributes promoted to their own column
@@ -23,6 +23,7 @@ PROMOTED_ATTRIBUTES: dict[str, tuple[str, pa.DataType]] = {
     sc.AGENT_ROLE: ("agent_role", pa.string()),
     sc.TURN_INDEX: ("turn_index", pa.int32()),
     sc.CANDIDATE_INDEX: ("candidate_index", pa.int32()),
+    sc.COORDINATION_ROUND: ("coordination_round", pa.int32()),
     sc.GEN_AI_OPERATION_NAME: ("operation_name", pa.string()),
     sc.GEN_AI_REQUEST_MODEL: ("request_model", pa.string()),
     sc.POLICY_VERSION: ("policy_version", pa.string()),

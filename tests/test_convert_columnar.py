@@ -42,6 +42,7 @@ def tricky_rows(seed: int, episodes: int = 12) -> list[dict]:
         for turn in range(r.randint(1, 3)):
             for agent in r.sample(["a", "b", None], r.randint(1, 3)):
                 turn_value = None if r.random() < 0.2 else turn
+                round_value = turn if turn_value is None and r.random() < 0.5 else None
                 context = None
                 for _ in range(r.randint(1, 4)):
                     t += r.choice((0, 1, 2))  # equal start times happen
@@ -64,7 +65,8 @@ def tricky_rows(seed: int, episodes: int = 12) -> list[dict]:
                         logprobs = logprobs + [-1.0]
                     row = llm(ep, t, task=task, agent=agent, prompt=prompt,
                               completion=completion, logprobs=logprobs, trace=trace,
-                              turn=turn_value, candidate=r.choice((None, 0, 1)))
+                              turn=turn_value, candidate=r.choice((None, 0, 1)),
+                              round=round_value)
                     if r.random() < 0.05:
                         row["prompt_token_ids"] = None
                     if r.random() < 0.05:

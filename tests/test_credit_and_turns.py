@@ -6,7 +6,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge.trainer.credit import Key, advantages, group_key
-from agl_bridge.trainer.transitions import ConvertConfig, convert, spans_to_transitions
+from agl_bridge.trainer.transitions import (
+    ConvertConfig,
+    convert,
+    reference_spans_to_transitions,
+    spans_to_transitions,
+)
 from test_transitions import llm, reward, table
 
 
@@ -55,6 +60,48 @@ def test_turns_are_inferred_when_spans_carry_none():
     assert sorted(by(out, "agent_name", "turn_index", "merged_calls")) == [
         ("a", 0, 2), ("a", 1, 1), ("b", 0, 1)]
     assert stats.notes["turn inferred (no turn attribute)"] == 4
+
+
+def test_turns_come_from_the_coordination_round_when_spans_carry_no_turn():
+    rows = [llm("e", 1, agent="a", turn=None, round=0, prompt=[1], completion=[2]),
+            llm("e", 2, agent="b", turn=None, round=0),
+            llm("e", 3, agent="a", turn=None, round=0, prompt=[1, 2, 3], completion=[4]),
+            llm("e", 4, agent="a", turn=None, round=1, prompt=[7]),
+            llm("e", 5, agent="b", turn=4, round=1),  # a turn attribute wins
+            reward("e", 6, 1.0)]
+    for convert_table in (spans_to_transitions, reference_spans_to_transitions):
+        out, stats = convert_table(table(rows))
+        # a's two calls of round 0 are one turn (merged), though b spoke between them
+        assert sorted(by(out, "agent_name", "turn_index", "merged_calls")) == [
+            ("a", 0, 2), ("a", 1, 1), ("b", 0, 1), ("b", 4, 1)]
+        assert stats.notes["turn from the coordination round (no turn attribute)"] == 4
+        assert "turn inferred (no turn attribute)" not in stats.notes
+
+
+def test_turns_from_rounds_of_real_spans(spans):
+    import agl_bridge
+    from agl_bridge import semconv as sc
+    from opentelemetry import trace
+
+    from agl_bridge.otel.parquet_exporter import spans_to_table
+
+    def call(prompt, completion):  # an instrumentor's span: the scope processor stamps it
+        trace.get_tracer("tests.llm").start_span("chat m", attributes={
+            sc.GEN_AI_OPERATION_NAME: "chat", sc.PROMPT_TOKEN_IDS: prompt,
+            sc.COMPLETION_TOKEN_IDS: completion}).end()
+
+    with agl_bridge.episode("e", task_id="t"):
+        for r in range(2):
+            with agl_bridge.coordination_round(r):
+                for name in ("solver", "critic"):
+                    with agl_bridge.agent(name):
+                        call([r, 1], [2])
+        agl_bridge.emit_reward(1.0)
+    out, stats = spans_to_transitions(spans_to_table(spans.get_finished_spans()))
+    assert sorted(by(out, "agent_name", "turn_index", "prompt_ids")) == [
+        ("critic", 0, [0, 1]), ("critic", 1, [1, 1]), ("solver", 0, [0, 1]),
+        ("solver", 1, [1, 1])]
+    assert stats.notes["turn from the coordination round (no turn attribute)"] == 4
 
 
 def test_at_grpo_mixes_team_and_local_rewards_by_scope():

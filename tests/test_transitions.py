@@ -12,10 +12,10 @@ _N = iter(range(1, 10**9))
 
 
 def llm(episode, t, *, task="t1", agent="a", prompt=(1, 2), completion=(3, 4), logprobs=None,
-        trace="T", turn=0, candidate=None):
+        trace="T", turn=0, candidate=None, round=None):
     return {"trace_id": trace, "span_id": f"s{next(_N)}", "name": "chat m", "episode_id": episode,
             "task_id": task, "agent_name": agent, "turn_index": turn,
-            "candidate_index": candidate, "operation_name": "chat",
+            "candidate_index": candidate, "coordination_round": round, "operation_name": "chat",
             "start_time_unix_nano": t,
             "prompt_token_ids": None if prompt is None else list(prompt),
             "completion_token_ids": None if completion is None else list(completion),

@@ -37,9 +37,14 @@ import pyarrow.compute as pc
 from agl_bridge import semconv as sc
 from agl_bridge.schema import SPAN_SCHEMA, TRANSITION_SCHEMA
 
+# notes shared with the reference (transitions.py), which imports this module
+TURN_FROM_ROUND = "turn from the coordination round (no turn attribute)"
+TURN_INFERRED = "turn inferred (no turn attribute)"
+
 # the span columns this module reads (others are ignored)
 COLUMNS = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "episode_id",
-           "task_id", "agent_name", "turn_index", "candidate_index", "operation_name",
+           "task_id", "agent_name", "turn_index", "candidate_index", "coordination_round",
+           "operation_name",
            "request_model", "policy_version", "prompt_token_ids", "completion_token_ids",
            "completion_logprobs", "reward_value", "reward_scope")
 
@@ -218,7 +223,8 @@ def _note(counter: Counter, reason: str, n: int) -> None:
 
 
 _SMALL = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "task_id",
-          "agent_name", "turn_index", "candidate_index", "request_model", "policy_version")
+          "agent_name", "turn_index", "candidate_index", "coordination_round", "request_model",
+          "policy_version")
 
 
 class _Lists:
@@ -309,6 +315,12 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
             return TRANSITION_SCHEMA.empty_table()
 
     turn = _arr(llm["turn_index"])
+    if turn.null_count:
+        rnd = _arr(llm["coordination_round"])
+        if rnd.null_count < len(rnd):
+            _note(stats.notes, TURN_FROM_ROUND,
+                  to_numpy(pc.and_(pc.is_null(turn), pc.is_valid(rnd))).sum())
+            turn = _arr(pc.coalesce(turn, rnd))
     if turn.null_count:
         turn = _infer_turns(ep, llm, turn, stats)
 
@@ -603,5 +615,5 @@ def _infer_turns(ep: pa.Array, llm: pa.Table, turn: pa.Array, stats) -> pa.Array
             if turns[i] is None:
                 turns[i] = count[a] - 1
                 inferred += 1
-    _note(stats.notes, "turn inferred (no turn attribute)", inferred)
+    _note(stats.notes, TURN_INFERRED, inferred)
     return _turns_array(turns)

@@ -8,10 +8,12 @@ The converter decides what the trainer learns from, so it is explicit about ever
   next prompt adds (tool results, other agents' messages) join the completion with mask 0, so
   they are context, not trained on. A call that does not extend the context starts a new
   transition, and is counted.
-* **Turns.** From ``agl_bridge.turn.index`` when the span has it. Otherwise inferred: within an
-  episode, in time order, an agent's turn is a run of its calls not interrupted by another
-  agent's call (an agent's turn ends when another agent speaks); calls with no agent are one
-  turn each.
+* **Turns.** From ``agl_bridge.turn.index`` when the span has it. Otherwise from the
+  orchestrator's coordination round (``agl_bridge.coordination.round``, which every span inside
+  an ``agl_bridge.coordination.round`` span carries): a round is one turn of each agent in it.
+  Otherwise inferred from the order of the calls: within an episode, in time order, an agent's
+  turn is a run of its calls not interrupted by another agent's call (an agent's turn ends
+  when another agent speaks); calls with no agent are one turn each. Both are counted.
 * **Rewards** (``agl_bridge.reward`` spans) are matched within their episode only, by scope;
   see ``agl_bridge.trainer.credit`` for AT-GRPO mixing and LightningRL's identical assignment.
   A non-finite reward is rejected with its location (span id, and file when read from disk).
@@ -81,12 +83,14 @@ from agl_bridge.trainer.credit import (
 )
 
 _OPTIONAL_COLUMNS = (
-    "task_id", "agent_name", "turn_index", "candidate_index", "request_model", "policy_version",
-    "completion_logprobs", "reward_scope", "end_time_unix_nano",
+    "task_id", "agent_name", "turn_index", "candidate_index", "coordination_round",
+    "request_model", "policy_version", "completion_logprobs", "reward_scope",
+    "end_time_unix_nano",
 )
 _KEY_COLUMNS = ("trace_id", "span_id", "episode_id", "task_id", "agent_name", "turn_index",
-                "candidate_index", "start_time_unix_nano", "end_time_unix_nano", "request_model",
-                "policy_version")
+                "candidate_index", "coordination_round", "start_time_unix_nano",
+                "end_time_unix_nano", "request_model", "policy_version")
+TURN_FROM_ROUND, TURN_INFERRED = columnar.TURN_FROM_ROUND, columnar.TURN_INFERRED
 
 
 @dataclass(frozen=True)
@@ -206,7 +210,7 @@ def _infer_turns(rows: list[dict[str, Any]], stats: ConversionStats) -> None:
             previous_agent = agent
             if r["turn"] is None:
                 r["turn"] = turns[agent] - 1
-                stats.notes["turn inferred (no turn attribute)"] += 1
+                stats.notes[TURN_INFERRED] += 1
 
 
 def _retokenizer(tokenizer_dir: str | None):
@@ -364,8 +368,12 @@ def reference_spans_to_transitions(spans: pa.Table, config: ConvertConfig | None
         start, end = cols["start_time_unix_nano"][i], cols["end_time_unix_nano"][i]
         if start is not None and end is not None and end < start:
             stats.notes["span ends before it starts (clock skew; kept)"] += 1
+        turn = cols["turn_index"][i]
+        if turn is None and cols["coordination_round"][i] is not None:
+            turn = cols["coordination_round"][i]
+            stats.notes[TURN_FROM_ROUND] += 1
         row = {"row": i, "episode": episodes[i], "task": cols["task_id"][i],
-                     "agent": cols["agent_name"][i], "turn": cols["turn_index"][i],
+                     "agent": cols["agent_name"][i], "turn": turn,
                      "candidate": cols["candidate_index"][i], "start": start,
                      "trace_id": ident[0], "span_id": ident[1],
                      "model": cols["request_model"][i], "policy": cols["policy_version"][i]}
