@@ -715,7 +715,7 @@ def _stream_plan(files: list[Path], max_rows_in_memory: int) -> _StreamPlan | No
     pos = 0
     for path in files:
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(path, memory_map=True)
             names = pf.schema_arrow.names
             if any(c not in names for c in REQUIRED_SPAN_COLUMNS):
                 read_checked(path, REQUIRED_SPAN_COLUMNS)  # raises, naming file and column
@@ -901,7 +901,7 @@ def _read_ahead(plan: _StreamPlan, columns: list[str]) -> Iterator[tuple]:
                     put(("unreadable", path, unreadable))
                     continue
                 try:
-                    pf = pq.ParquetFile(path)
+                    pf = pq.ParquetFile(path, memory_map=True)
                     names = set(pf.schema_arrow.names)
                     for batch in pf.iter_batches(batch_size=plan.batch_rows,
                                                  columns=[c for c in columns if c in names]):
