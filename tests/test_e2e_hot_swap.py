@@ -91,10 +91,12 @@ def test_sixteen_clients_through_five_swaps(tmp_path, spans, instrumented, monke
     names = [name for _, _, name in switches]
     assert names == [f"team@v{i}" for i in range(1, 6)]
     assert {m for _, _, m in calls} <= set(names)  # each answered by exactly one version
-    # from one second after a publish returned until the next one started, every request was
-    # answered by the version just published: the switch reached all clients within a second
+    # every request made from one second after a publish returned until the next publish
+    # started was answered by the version just published: the switch reached all clients
+    # within a second. (A request still in flight when the next publish starts may resolve
+    # the alias after it, on a slow machine: it is left out, not counted either way.)
     for (_, returned, name), nxt in zip(switches, switches[1:] + [(float("inf"), None, None)]):
-        window = [m for t0, _, m in calls if returned + 1.0 <= t0 < nxt[0]]
+        window = [m for t0, t1, m in calls if returned + 1.0 <= t0 and t1 < nxt[0]]
         assert window and set(window) == {name}
     chat = [s for s in spans.get_finished_spans() if s.name.startswith("chat team@")
             and s.attributes.get(sc.POLICY_ALIAS) == "team"]  # the agents' calls

@@ -82,8 +82,7 @@ def test_answers_votes_and_winner_are_captured_with_agent_and_round(massgen_pyth
     for agent in ("agent_a", "agent_b"):  # each call is one more turn of its agent
         turns = sorted(r["turn_index"] for r in chats if r["agent_name"] == agent)
         assert turns == list(range(len(turns)))
-    assert all(json.loads(r["attributes"]).get(sc.COORDINATION_ROUND) is not None
-               for r in chats)
+    assert all(r["coordination_round"] is not None for r in chats)  # a promoted column
 
     def named(span_name):
         return [r for r in rows if r["name"] == span_name]
