@@ -58,18 +58,6 @@ from typing import Any
 
 FORMAT_VERSION = 2  # bump when the generated spans change: cached sets are regenerated
 
-
-def writer_fingerprint(fmt: str) -> str | None:
-    """Ours: a digest of how span Parquet is encoded (``parquet_io.writer_options``), so that a
-    cached set written with other encodings is regenerated. The peer's pickles: none."""
-    if fmt != "ours":
-        return None
-    import hashlib
-
-    from agl_bridge.parquet_io import writer_options
-    from agl_bridge.schema import SPAN_SCHEMA
-
-    return hashlib.sha256(repr(writer_options(SPAN_SCHEMA)).encode()).hexdigest()[:12]
 SERVICE = "synthetic-team"
 T0_NS = 1_748_736_000 * 10**9  # 2025-06-01T00:00:00Z: every span in one date partition up to ~2M
 GAP_NS = 350_000_000  # episode i starts at T0 + i * GAP (+ jitter < GAP): ~32 episodes in flight
@@ -83,6 +71,19 @@ TASKS_PER_GROUP = 8  # rollouts of one task (a GRPO group): episodes 8k..8k+7 sh
 PEER_CHUNK_EPISODES = 500
 RESOURCE = {"service.name": SERVICE, "telemetry.sdk.language": "python",
             "telemetry.sdk.name": "opentelemetry", "telemetry.sdk.version": "1.45.2"}
+
+
+def writer_fingerprint(fmt: str) -> str | None:
+    """Ours: a digest of how span Parquet is encoded (``parquet_io.writer_options``), so that a
+    cached set written with other encodings is regenerated. The peer's pickles: none."""
+    if fmt != "ours":
+        return None
+    import hashlib
+
+    from agl_bridge.parquet_io import writer_options
+    from agl_bridge.schema import SPAN_SCHEMA
+
+    return hashlib.sha256(repr(writer_options(SPAN_SCHEMA)).encode()).hexdigest()[:12]
 
 
 @dataclass(slots=True)

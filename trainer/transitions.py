@@ -556,6 +556,28 @@ def _bucket_of(table: pa.Table, buckets: int, tasks: dict[str, str]) -> list[int
     return [zlib.crc32(tasks.get(k, k).encode()) % buckets for k in _episode_keys(table)]
 
 
+@contextmanager
+def _short_lived_arrays() -> Iterator[None]:
+    """numpy asks the kernel for huge pages (2 MiB, zeroed at first touch) for every array of
+    4 MiB or more. The converter's arrays live for one batch, so that zeroing is paid again
+    and again: without it the 1M-span benchmark used 0.5-1.0 s (5-10%) less CPU. Switched off
+    for the call, then restored (numpy's private switch; nothing happens if it is gone)."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:
+        try:
+            from numpy.core.multiarray import _set_madvise_hugepage
+        except ImportError:
+            yield
+            return
+    previous = _set_madvise_hugepage(False)
+    try:
+        yield
+    finally:
+        _set_madvise_hugepage(previous)
+
+
+@_short_lived_arrays()
 def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[str],
             config: ConvertConfig | None = None, *,
             missing_reward: Literal["drop"] | float | None = None,
@@ -602,9 +624,8 @@ def convert(source: str | os.PathLike[str] | list, out_path: str | os.PathLike[s
     if not cfg.retokenize:
         plan = _stream_plan(files, max_rows_in_memory)
         if plan is not None:
-            with _short_lived_arrays():
-                return _convert_streaming(plan, out_path, cfg, columns, f" (under {source})",
-                                          progress)
+            return _convert_streaming(plan, out_path, cfg, columns, f" (under {source})",
+                                      progress)
     total_rows = 0
     for path in files:
         try:
@@ -833,27 +854,6 @@ def _units(episodes: pa.Array, pair_eps: list, pair_tasks: list) -> Any:
 # from the 8th batch on without any hand-back); handing back costs time, since the next batch
 # faults every page in again: after every batch it took a quarter of the conversion's CPU.
 _RELEASE_EVERY = 32
-
-
-@contextmanager
-def _short_lived_arrays() -> Iterator[None]:
-    """numpy asks the kernel for huge pages (2 MiB, zeroed at first touch) for every array of
-    4 MiB or more. The converter's arrays live for one batch, so that zeroing is paid again
-    and again: without it the 1M-span benchmark used 0.5-1.0 s (5-10%) less CPU. Switched off
-    for the call, then restored (numpy's private switch; nothing happens if it is gone)."""
-    try:
-        from numpy._core.multiarray import _set_madvise_hugepage
-    except ImportError:
-        try:
-            from numpy.core.multiarray import _set_madvise_hugepage
-        except ImportError:
-            yield
-            return
-    previous = _set_madvise_hugepage(False)
-    try:
-        yield
-    finally:
-        _set_madvise_hugepage(previous)
 
 
 def _release_memory() -> None:
