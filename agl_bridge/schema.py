@@ -12,8 +12,22 @@ import pyarrow as pa
 
 from agl_bridge import semconv as sc
 
-SPAN_SCHEMA_VERSION = 2  # 2: coordination_round promoted (files of version 1 read as before)
-TRANSITION_SCHEMA_VERSION = 2
+# 2: coordination_round promoted; 3: no nulls inside id and logprob lists. Files of every
+# earlier version read as before.
+SPAN_SCHEMA_VERSION = 3
+TRANSITION_SCHEMA_VERSION = 3  # 3: no nulls inside its lists
+
+
+def values_list(value_type: pa.DataType) -> pa.DataType:
+    """A list whose values are never null (token ids, logprobs, masks; the list itself may be).
+
+    Declared so because Parquet then stores one level fewer per value: reading token ids
+    without a validity bitmap took 0.20-0.27 s instead of 0.33-0.44 s (282k span rows, 37M
+    prompt ids), and writing is cheaper too. Promotion (``otel.rows``) only ever puts whole
+    lists of numbers here; a list with a None stays in the attributes JSON.
+    """
+    return pa.list_(pa.field("element", value_type, nullable=False))
+
 
 # attribute key -> (column name, arrow type) for attributes promoted to their own column
 PROMOTED_ATTRIBUTES: dict[str, tuple[str, pa.DataType]] = {
@@ -27,9 +41,9 @@ PROMOTED_ATTRIBUTES: dict[str, tuple[str, pa.DataType]] = {
     sc.GEN_AI_OPERATION_NAME: ("operation_name", pa.string()),
     sc.GEN_AI_REQUEST_MODEL: ("request_model", pa.string()),
     sc.POLICY_VERSION: ("policy_version", pa.string()),
-    sc.PROMPT_TOKEN_IDS: ("prompt_token_ids", pa.list_(pa.int32())),
-    sc.COMPLETION_TOKEN_IDS: ("completion_token_ids", pa.list_(pa.int32())),
-    sc.COMPLETION_LOGPROBS: ("completion_logprobs", pa.list_(pa.float64())),
+    sc.PROMPT_TOKEN_IDS: ("prompt_token_ids", values_list(pa.int32())),
+    sc.COMPLETION_TOKEN_IDS: ("completion_token_ids", values_list(pa.int32())),
+    sc.COMPLETION_LOGPROBS: ("completion_logprobs", values_list(pa.float64())),
     sc.REWARD_VALUE: ("reward_value", pa.float64()),
     sc.REWARD_KIND: ("reward_kind", pa.string()),
     sc.REWARD_SCOPE: ("reward_scope", pa.string()),
@@ -69,14 +83,14 @@ TRANSITION_SCHEMA = pa.schema(
         pa.field("merged_calls", pa.int32(), nullable=False),  # LLM calls merged into it
         pa.field("request_model", pa.string()),
         pa.field("policy_version", pa.string()),  # behaviour policy that sampled the completion
-        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("prompt_ids", values_list(pa.int32()), nullable=False),
+        pa.field("completion_ids", values_list(pa.int32()), nullable=False),
         # 1 where the completion token is trained on, 0 where it is context: the observation
         # tokens between merged calls of one turn; same length as completion_ids
-        pa.field("completion_mask", pa.list_(pa.int8()), nullable=False),
+        pa.field("completion_mask", values_list(pa.int8()), nullable=False),
         # sampler's logprobs of completion_ids (0.0 at masked positions); null if the server
         # sent none
-        pa.field("behaviour_logprobs", pa.list_(pa.float32())),
+        pa.field("behaviour_logprobs", values_list(pa.float32())),
         pa.field("reward", pa.float64(), nullable=False),
         pa.field("group_id", pa.string(), nullable=False),  # transitions compared with each other
         pa.field("advantage", pa.float64()),  # group-relative, as configured at conversion

@@ -74,8 +74,8 @@ RESOURCE = {"service.name": SERVICE, "telemetry.sdk.language": "python",
 
 
 def writer_fingerprint(fmt: str) -> str | None:
-    """Ours: a digest of how span Parquet is encoded (``parquet_io.writer_options``), so that a
-    cached set written with other encodings is regenerated. The peer's pickles: none."""
+    """Ours: a digest of how span Parquet is encoded (``parquet_io.writer_options`` and the
+    schema), so that a cached set written with other encodings or types is regenerated. The peer's pickles: none."""
     if fmt != "ours":
         return None
     import hashlib
@@ -83,7 +83,8 @@ def writer_fingerprint(fmt: str) -> str | None:
     from agl_bridge.parquet_io import writer_options
     from agl_bridge.schema import SPAN_SCHEMA
 
-    return hashlib.sha256(repr(writer_options(SPAN_SCHEMA)).encode()).hexdigest()[:12]
+    return hashlib.sha256(repr((writer_options(SPAN_SCHEMA), SPAN_SCHEMA)).encode()
+                          ).hexdigest()[:12]
 
 
 @dataclass(slots=True)

@@ -97,6 +97,38 @@ def test_logprobs_of_the_wrong_length_are_dropped_not_fatal():
     assert stats.notes["logprobs length differs from completion (logprobs dropped)"] == 1
 
 
+def test_a_null_inside_an_id_list_counts_as_no_list(tmp_path):
+    # capture never writes one; a hand-built table can. The output (lists declared without
+    # nulls inside) must still write, and nothing is silently dropped.
+    rows = [llm("e1", 1, prompt=(1, None)), llm("e1", 2, logprobs=[-0.1, None]),
+            llm("e1", 3, agent="b"), reward("e1", 4, 1.0)]
+    out, stats = spans_to_transitions(table(rows))
+    assert out.num_rows == 2
+    assert stats.notes["null inside an id or logprob list (the list is ignored)"] == 2
+    assert stats.skipped == {"no token ids on the LLM span": 1}
+    got = [r["behaviour_logprobs"] for r in out.to_pylist()]
+    assert got == [None, None]  # the holey logprobs are gone, the other call sent none
+    pq.write_table(out, tmp_path / "t.parquet")  # would raise on a null declared impossible
+    assert pq.read_table(tmp_path / "t.parquet").num_rows == 2
+
+
+def test_span_files_of_earlier_schema_versions_convert_the_same(tmp_path):
+    # version 2 declared nullable values inside the id lists; version 1 lacked the round
+    rows = table([llm("e1", 1, logprobs=[-0.5, -0.25]), llm("e1", 2, agent="b"),
+                  reward("e1", 3, 1.0)])
+    pq.write_table(rows, tmp_path / "v3.parquet")
+    old = pa.schema([f.with_type(pa.list_(f.type.value_type)) if pa.types.is_list(f.type) else f
+                     for f in rows.schema if f.name != "coordination_round"])
+    pq.write_table(rows.drop_columns(["coordination_round"]).cast(old), tmp_path / "v1.parquet")
+    assert pq.read_schema(tmp_path / "v1.parquet").field("prompt_token_ids").type.value_field\
+        .nullable
+    convert(tmp_path / "v3.parquet", tmp_path / "a.parquet")
+    convert(tmp_path / "v1.parquet", tmp_path / "b.parquet")
+    a, b = pq.read_table(tmp_path / "a.parquet"), pq.read_table(tmp_path / "b.parquet")
+    assert a.num_rows == 2 and a.equals(b)
+    assert a.schema.equals(TRANSITION_SCHEMA, check_metadata=False)
+
+
 def test_convert_reads_a_directory_tree_and_writes_parquet(tmp_path):
     (tmp_path / "spans" / "date=2026-11-21").mkdir(parents=True)
     pq.write_table(table([llm("e1", 1), reward("e1", 2, 1.0)]),

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agl_bridge import semconv as sc
-from agl_bridge.schema import SPAN_SCHEMA, TRANSITION_SCHEMA
+from agl_bridge.schema import SPAN_SCHEMA, TRANSITION_SCHEMA, values_list
 
 # notes shared with the reference (transitions.py), which imports this module
 TURN_FROM_ROUND = "turn from the coordination round (no turn attribute)"
@@ -163,9 +163,10 @@ def _combine(*codes: np.ndarray) -> np.ndarray:
 
 def _segments(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
               dtype: np.dtype | None = None) -> np.ndarray:
-    """values[starts[i]:starts[i] + lengths[i]] concatenated, one copy per run of adjacent
-    segments. (Arrow's list ``take`` and numpy fancy indexing build an index per value: on
-    token id lists they are 3-5x slower.)"""
+    """values[starts[i]:starts[i] + lengths[i]] concatenated. Adjacent segments are copied as
+    one run; long runs one slice each (Arrow's list ``take`` and numpy fancy indexing build an
+    index per value: on token id lists they are 3-5x slower), many short ones (observations,
+    follow-up completions) by one fancy index, as a slice each costs a microsecond of Python."""
     nz = lengths > 0
     if not nz.all():
         starts, lengths = starts[nz], lengths[nz]
@@ -173,22 +174,40 @@ def _segments(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
         return np.zeros(0, dtype or values.dtype)
     ends = starts + lengths
     cut = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+    runs = len(cut) + 1
+    if runs >= _FEW_RUNS and int(lengths.sum()) < _SHORT_RUN * runs:
+        out = values[_ranges(starts, lengths)]
+        return out if dtype is None else out.astype(dtype, copy=False)
     first = np.concatenate(([0], cut)).tolist()
     last = (np.concatenate((cut, [len(starts)])) - 1).tolist()
     s, e = starts.tolist(), ends.tolist()
     return np.concatenate([values[s[a]:e[b]] for a, b in zip(first, last)], dtype=dtype)
 
 
+# _segments: at least this many runs, of at most this many values on average, go by one index
+_FEW_RUNS, _SHORT_RUN = 64, 256
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices of the ranges [starts[i], starts[i] + lengths[i]), concatenated."""
+    total = int(lengths.sum())
+    shift = starts - (np.cumsum(lengths) - lengths)
+    return np.repeat(shift, lengths) + np.arange(total, dtype=np.int64)
+
+
+def _interleave(first: np.ndarray, second: np.ndarray, second_mask: np.ndarray,
+                dtype: np.dtype) -> np.ndarray:
+    """Values of ``first`` where ``second_mask`` is False and of ``second`` where it is True,
+    each in order: two gathered piece streams zipped back into their pieces' order."""
+    out = np.empty(len(second_mask), dtype)
+    out[~second_mask] = first
+    out[second_mask] = second
+    return out
+
+
 def _take_lists(lists: _Lists, rows: np.ndarray, *, valid: np.ndarray | None = None,
                 dtype: np.dtype | None = None) -> pa.Array:
     """The lists at ``rows`` (null where ``valid`` is False), values cast to ``dtype``."""
-    if lists.array.values.null_count:  # rare: keep Arrow's null handling
-        out = lists.array.take(np_array(rows))
-        if dtype is not None:
-            out = out.cast(pa.list_(pa.from_numpy_dtype(dtype)))
-        if valid is not None and not valid.all():
-            out = pc.if_else(np_array(valid), out, pa.nulls(len(rows), out.type))
-        return out
     lengths = lists.lengths[rows]
     if valid is not None:
         lengths = np.where(valid, lengths, 0)
@@ -199,7 +218,7 @@ def _take_lists(lists: _Lists, rows: np.ndarray, *, valid: np.ndarray | None = N
 
 def _extends(P: _Lists, C: _Lists, cur: np.ndarray, prev: np.ndarray) -> np.ndarray:
     """Per pair: is prompt[prev] + completion[prev] a prefix of prompt[cur]? Both sides are
-    gathered into one flat array each (one copy per segment) and compared at once."""
+    gathered into one flat array each and compared at once."""
     pv, cv = P.values, C.values
     if pv.dtype != cv.dtype:
         raise Unsupported("prompt and completion ids of different types")
@@ -208,9 +227,10 @@ def _extends(P: _Lists, C: _Lists, cur: np.ndarray, prev: np.ndarray) -> np.ndar
         return ok
     pn, cn = P.lengths[prev], C.lengths[prev]
     ctx = pn + cn
-    was = np.concatenate([piece for a, n, b, m in zip(P.starts[prev].tolist(), pn.tolist(),
-                                                      C.starts[prev].tolist(), cn.tolist())
-                          for piece in (pv[a:a + n], cv[b:b + m])])
+    from_completion = np.repeat(np.tile(np.array([False, True]), len(prev)),
+                                np.column_stack((pn, cn)).reshape(-1))
+    was = _interleave(_segments(pv, P.starts[prev], pn), _segments(cv, C.starts[prev], cn),
+                      from_completion, pv.dtype)
     differ = np.flatnonzero(was != _segments(pv, P.starts[cur], ctx))
     if len(differ):
         ok[np.searchsorted(np.cumsum(ctx), differ, side="right")] = False
@@ -256,6 +276,7 @@ def _list_array(lengths: np.ndarray, values: pa.Array, mask: np.ndarray | None =
     if offsets[-1] >= 2**31:
         raise Unsupported("more than 2**31 list values in one chunk")
     return pa.ListArray.from_arrays(np_array(offsets.astype(np.int32)), values,
+                                    type=values_list(values.type),
                                     mask=None if mask is None else np_array(mask))
 
 
@@ -409,7 +430,7 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
     rows_a = g_rows[:n_single]
     comp_a = _take_lists(C, rows_a)
     mask_a = pa.ListArray.from_arrays(comp_a.offsets, np_array(
-        np.ones(len(comp_a.values), np.int8)))
+        np.ones(len(comp_a.values), np.int8)), type=values_list(pa.int8()))
     lp_a = _take_lists(L, rows_a, valid=tr_lp_ok[:n_a], dtype=np.dtype(np.float32))
     comps, masks, lps = [comp_a], [mask_a], [lp_a]
     if n_single < n:  # calls of multi-call groups: observation (mask 0) + completion (mask 1)
@@ -422,30 +443,27 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         comp_len = C.lengths[rows_b]
         seg_len = np.empty(2 * len(calls), np.int64)
         seg_len[0::2], seg_len[1::2] = obs_len, comp_len
-        obs_at = (P.starts[rows_b] + ctx).tolist()
-        comp_at = C.starts[rows_b].tolist()
-        obs_n, comp_n = obs_len.tolist(), comp_len.tolist()
-        pv, cv = P.values, C.values
-        values = np.concatenate([piece for o, on, c, cn in zip(obs_at, obs_n, comp_at, comp_n)
-                                 for piece in (pv[o:o + on], cv[c:c + cn])], dtype=np.int32)
+        # one int8 per merged value: 0 observation, 1 completion (the mask column itself)
+        seg_mask = np.repeat(np.tile(np.array([0, 1], np.int8), len(calls)), seg_len)
+        is_comp = seg_mask.view(bool)
+        values = _interleave(_segments(P.values, P.starts[rows_b] + ctx, obs_len),
+                             _segments(C.values, C.starts[rows_b], comp_len), is_comp, np.int32)
         tr_b = tr_of_call[calls] - n_a
         n_b = n_tr - n_a
         lengths = np.bincount(tr_b, weights=obs_len + comp_len, minlength=n_b).astype(np.int64)
         comps.append(_list_array(lengths, np_array(values)))
-        masks.append(_list_array(lengths, np_array(
-            np.repeat(np.tile(np.array([0, 1], np.int8), len(calls)), seg_len))))
+        masks.append(_list_array(lengths, np_array(seg_mask)))
         ok_b = tr_lp_ok[n_a:]
         if ok_b.any():
             has = lp_ok_o[calls] & ok_b[tr_b]
-            lv = L.values
-            zeros = np.zeros(int(seg_len.max(initial=0)), lv.dtype)
-            lp_at = L.starts[rows_b].tolist()
-            lp_vals = np.concatenate([
-                piece for on, a, cn, h in zip(obs_n, lp_at, comp_n, has.tolist())
-                for piece in (zeros[:on], lv[a:a + cn] if h else zeros[:cn])], dtype=np.float32)
+            comp_lp = np.zeros(int(comp_len.sum()), np.float32)  # 0.0 where a call sent none
+            comp_lp[np.repeat(has, comp_len)] = _segments(L.values, L.starts[rows_b][has],
+                                                          comp_len[has], np.dtype(np.float32))
+            lp_vals = np.zeros(len(seg_mask), np.float32)  # 0.0 at observations
+            lp_vals[is_comp] = comp_lp
             lps.append(_list_array(lengths, np_array(lp_vals), mask=~ok_b))
         else:
-            lps.append(pa.nulls(n_b, pa.list_(pa.float32())))
+            lps.append(pa.nulls(n_b, values_list(pa.float32())))
 
     # -- keys, rewards, groups, advantages ----------------------------------------------------
     take_first = np_array(first_local)
@@ -522,7 +540,7 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         "request_model": meta("request_model"), "policy_version": meta("policy_version"),
         "prompt_ids": prompt_ids, "completion_ids": pa.chunked_array(comps),
         "completion_mask": pa.chunked_array(masks),
-        "behaviour_logprobs": pa.chunked_array(lps, pa.list_(pa.float32())),
+        "behaviour_logprobs": pa.chunked_array(lps, values_list(pa.float32())),
         "reward": np_array(reward), "group_id": group_id, "advantage": np_array(advantage),
         "retokenized": np_array(np.zeros(n_tr, bool)),
         "start_time_unix_nano": meta("start_time_unix_nano"),

@@ -314,6 +314,34 @@ def _fast_spans_to_transitions(spans: pa.Table, cfg: ConvertConfig, source: str,
     return table, stats
 
 
+HOLEY_LIST = "null inside an id or logprob list (the list is ignored)"
+
+
+def _without_holey_lists(spans: pa.Table, stats: ConversionStats) -> pa.Table:
+    """A list of ids or logprobs with a null inside counts as absent (the call is skipped for
+    missing ids, or keeps no logprobs), counted: a hole cannot be trained on, and the
+    transition schema's lists hold no nulls. Capture never writes one (``otel.rows``
+    promotes only whole lists of numbers); tables built by hand can hold them."""
+    for name in ("prompt_token_ids", "completion_token_ids", "completion_logprobs"):
+        if name not in spans.column_names:
+            continue
+        col = spans[name]
+        if col.type != SPAN_SCHEMA.field(name).type:
+            col = col.cast(SPAN_SCHEMA.field(name).type)
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        flat = pc.list_flatten(col)
+        if flat.null_count:
+            import numpy as np
+
+            parents = pc.list_parent_indices(col).filter(pc.is_null(flat))
+            holey = np.zeros(len(col), bool)
+            holey[columnar.to_numpy(parents)] = True
+            stats.notes[HOLEY_LIST] += int(holey.sum())
+            col = pc.if_else(columnar.np_array(holey), pa.nulls(len(col), col.type), col)
+        spans = spans.set_column(spans.column_names.index(name), name, col)
+    return spans
+
+
 def reference_spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *,
                                    missing_reward: Literal["drop"] | float | None = None,
                                    source: str = "") -> tuple[pa.Table, ConversionStats]:
@@ -325,7 +353,7 @@ def reference_spans_to_transitions(spans: pa.Table, config: ConvertConfig | None
     stats = ConversionStats(spans=spans.num_rows)
     needed = [c for c in (*REQUIRED_SPAN_COLUMNS, *_OPTIONAL_COLUMNS, "attributes")
               if c in spans.column_names and (c != "attributes" or cfg.retokenize)]
-    spans = spans.select(needed)  # zero-copy: later filters copy only what is used
+    spans = _without_holey_lists(spans.select(needed), stats)  # select: zero-copy
     stats.episodes = len(pc.unique(pc.coalesce(
         spans["episode_id"], pc.binary_join_element_wise("trace:", spans["trace_id"], ""))))
     rewards = _rewards(spans.filter(pc.is_valid(spans["reward_value"])), stats, source)
@@ -333,8 +361,8 @@ def reference_spans_to_transitions(spans: pa.Table, config: ConvertConfig | None
     llm = spans.filter(pc.equal(spans["operation_name"], sc.OP_CHAT))
     stats.llm_spans = llm.num_rows
     if "completion_logprobs" not in llm.column_names:
-        llm = llm.append_column("completion_logprobs",
-                                pa.nulls(llm.num_rows, pa.list_(pa.float64())))
+        llm = llm.append_column("completion_logprobs", pa.nulls(
+            llm.num_rows, SPAN_SCHEMA.field("completion_logprobs").type))
     episodes = _episode_keys(llm)
     cols = {c: _column(llm, c) for c in _KEY_COLUMNS}
     has_prompt = pc.is_valid(llm["prompt_token_ids"]).to_pylist()
@@ -473,7 +501,8 @@ def _build_table(llm: pa.Table, singles: list[dict], merged: list[dict], keys: l
     completion = taken["completion_token_ids"].combine_chunks()
     ones = pc.cast(pc.add(pc.multiply(completion.flatten(), 0), 1), pa.int8())
     mask = pa.ListArray.from_arrays(completion.offsets, ones)
-    logprobs = pc.cast(taken["completion_logprobs"].combine_chunks(), pa.list_(pa.float32()))
+    logprobs = pc.cast(taken["completion_logprobs"].combine_chunks(),
+                       TRANSITION_SCHEMA.field("behaviour_logprobs").type)
     if bad_logprobs:
         drop = pa.array([r["row"] in bad_logprobs for r in singles], pa.bool_())
         logprobs = pc.if_else(drop, pa.nulls(len(singles), logprobs.type), logprobs)
