@@ -587,23 +587,44 @@ def _bucket_of(table: pa.Table, buckets: int, tasks: dict[str, str]) -> list[int
 
 @contextmanager
 def _short_lived_arrays() -> Iterator[None]:
-    """numpy asks the kernel for huge pages (2 MiB, zeroed at first touch) for every array of
-    4 MiB or more. The converter's arrays live for one batch, so that zeroing is paid again
-    and again: without it the 1M-span benchmark used 0.5-1.0 s (5-10%) less CPU. Switched off
-    for the call, then restored (numpy's private switch; nothing happens if it is gone)."""
+    """Allocators suited to memory that lives for one batch, for the call, then restored.
+
+    Each batch allocates a few hundred MiB and frees them. Memory handed back to the kernel
+    comes back zeroed at its next touch (``clear_page``), in 2 MiB huge pages where the
+    allocator asked for them, so a conversion kept paying for zeroing:
+
+    * numpy asks for huge pages for every array of 4 MiB or more: off (numpy's private
+      switch; nothing happens if it is gone). 1M-span benchmark: 0.5-1.0 CPU s less.
+    * Arrow's default pool (mimalloc) returned the Parquet reader's growing buffers and
+      faulted them in again batch after batch (perf: clear_page 9.8% of the CPU samples);
+      jemalloc keeps freed extents for reuse a while (clear_page 1.0%). Used where the wheel
+      has it, unless ``ARROW_DEFAULT_MEMORY_POOL`` chooses a pool.
+    """
+    restore: list[Callable[[], Any]] = []
     try:
         from numpy._core.multiarray import _set_madvise_hugepage
     except ImportError:
         try:
             from numpy.core.multiarray import _set_madvise_hugepage
         except ImportError:
-            yield
-            return
-    previous = _set_madvise_hugepage(False)
+            _set_madvise_hugepage = None
+    if _set_madvise_hugepage is not None:
+        previous = _set_madvise_hugepage(False)
+        restore.append(lambda: _set_madvise_hugepage(previous))
+    if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        try:
+            pool = pa.jemalloc_memory_pool()
+        except NotImplementedError:  # a build without jemalloc (Windows wheels)
+            pool = None
+        if pool is not None:
+            previous_pool = pa.default_memory_pool()
+            pa.set_memory_pool(pool)
+            restore.append(lambda: pa.set_memory_pool(previous_pool))
     try:
         yield
     finally:
-        _set_madvise_hugepage(previous)
+        for undo in reversed(restore):
+            undo()
 
 
 @_short_lived_arrays()
@@ -763,43 +784,22 @@ def _stream_plan(files: list[Path], max_rows_in_memory: int) -> _StreamPlan | No
     keys, firsts, lasts, counts, pair_eps, pair_tasks = [], [], [], [], [], []
     plan_files, boundaries = [], []
     pos = 0
-    for path in files:
-        try:
-            pf = pq.ParquetFile(path, memory_map=True)
-            names = pf.schema_arrow.names
-            if any(c not in names for c in REQUIRED_SPAN_COLUMNS):
-                read_checked(path, REQUIRED_SPAN_COLUMNS)  # raises, naming file and column
-            t = pf.read(columns=[c for c in _PLAN_COLUMNS if c in names and
-                                 (c != "trace_id" or _may_be_null(pf, "episode_id"))],
-                        use_threads=False)
-        except SchemaError:
-            raise
-        except (pa.ArrowInvalid, OSError) as exc:
-            plan_files.append((path, pos, type(exc).__name__))
+    for path, summary in _map_files(_plan_file, files):
+        if isinstance(summary, str):  # unreadable: counted (and named) in the second pass
+            plan_files.append((path, pos, summary))
             continue
         plan_files.append((path, pos, None))
-        n = t.num_rows
+        n, dictionary, first, last, count, pairs = summary
         if n == 0:
             continue
         boundaries += list(range(pos + batch_rows, pos + n, batch_rows)) + [pos + n]
-        enc = pc.dictionary_encode(columnar.episode_keys(t))
-        codes = columnar.to_numpy(enc.indices).astype(np.int64)
-        k = len(enc.dictionary)
-        _, first = np.unique(codes, return_index=True)
-        _, last = np.unique(codes[::-1], return_index=True)
-        keys.append(enc.dictionary)
+        keys.append(dictionary)
         firsts.append(first + pos)
-        lasts.append(n - 1 - last + pos)
-        counts.append(np.bincount(codes, minlength=k))
-        if "task_id" in t.column_names and t["task_id"].null_count < n:
-            task = columnar._arr(t["task_id"])
-            with_task = np.flatnonzero(columnar.to_numpy(task.is_valid()))
-            task_codes = columnar._codes(task.take(columnar.np_array(with_task)))
-            pair = np.unique(codes[with_task] * (int(task_codes.max()) + 1) + task_codes)
-            tdict = pc.dictionary_encode(task.take(columnar.np_array(with_task))).dictionary
-            pair_eps.append(enc.dictionary.take(columnar.np_array(
-                pair // (int(task_codes.max()) + 1))))
-            pair_tasks.append(tdict.take(columnar.np_array(pair % (int(task_codes.max()) + 1))))
+        lasts.append(last + pos)
+        counts.append(count)
+        if pairs is not None:
+            pair_eps.append(pairs[0])
+            pair_tasks.append(pairs[1])
         pos += n
     if not keys:
         z = np.zeros(0, np.int64)
@@ -831,6 +831,58 @@ def _stream_plan(files: list[Path], max_rows_in_memory: int) -> _StreamPlan | No
         return None
     return _StreamPlan(plan_files, episodes, u_last[unit], first, u_first[unit], batch_rows,
                        len(boundaries))
+
+
+def _plan_file(path: Path) -> tuple | str:
+    """One file's part of the plan, positions relative to the file: (rows, episode keys,
+    first and last row and row count per key, distinct (episode, task) pairs or None); the
+    exception's name if the file cannot be read. A missing required column raises."""
+    import numpy as np
+
+    try:
+        pf = pq.ParquetFile(path, memory_map=True)
+        names = pf.schema_arrow.names
+        if any(c not in names for c in REQUIRED_SPAN_COLUMNS):
+            read_checked(path, REQUIRED_SPAN_COLUMNS)  # raises, naming file and column
+        t = pf.read(columns=[c for c in _PLAN_COLUMNS if c in names and
+                             (c != "trace_id" or _may_be_null(pf, "episode_id"))],
+                    use_threads=False)
+    except SchemaError:
+        raise
+    except (pa.ArrowInvalid, OSError) as exc:
+        return type(exc).__name__
+    n = t.num_rows
+    if n == 0:
+        return 0, None, None, None, None, None
+    enc = pc.dictionary_encode(columnar.episode_keys(t))
+    codes = columnar.to_numpy(enc.indices).astype(np.int64)
+    k = len(enc.dictionary)
+    _, first = np.unique(codes, return_index=True)
+    _, last = np.unique(codes[::-1], return_index=True)
+    pairs = None
+    if "task_id" in t.column_names and t["task_id"].null_count < n:
+        task = columnar._arr(t["task_id"])
+        with_task = np.flatnonzero(columnar.to_numpy(task.is_valid()))
+        task_codes = columnar._codes(task.take(columnar.np_array(with_task)))
+        width = int(task_codes.max()) + 1
+        pair = np.unique(codes[with_task] * width + task_codes)
+        tdict = pc.dictionary_encode(task.take(columnar.np_array(with_task))).dictionary
+        pairs = (enc.dictionary.take(columnar.np_array(pair // width)),
+                 tdict.take(columnar.np_array(pair % width)))
+    return n, enc.dictionary, first, n - 1 - last, np.bincount(codes, minlength=k), pairs
+
+
+def _map_files(fn: Callable[[Path], Any], files: list[Path]) -> Iterator[tuple[Path, Any]]:
+    """(path, fn(path)) in file order, a few files at a time: reading and hashing release the
+    GIL, and the plan pass otherwise runs on one core while the others wait for it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = min(4, os.cpu_count() or 1, len(files))
+    if workers <= 1:
+        yield from ((path, fn(path)) for path in files)
+        return
+    with ThreadPoolExecutor(workers, "agl-bridge-convert-plan") as pool:
+        yield from zip(files, pool.map(fn, files))
 
 
 def _may_be_null(pf: pq.ParquetFile, column: str) -> bool:
