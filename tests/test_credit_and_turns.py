@@ -154,6 +154,24 @@ def test_advantages_per_transition_or_per_rollout():
     assert centred == pytest.approx([0.25, 0.25, 0.25, -0.75])
 
 
+@pytest.mark.parametrize("unit", ["transition", "rollout"])
+def test_equal_rewards_are_zero_variance_exactly(unit):
+    # fsum([0.1] * 3) / 3 == 0.10000000000000002: a group of equal rewards used to get a std
+    # of 1e-17, was not counted as zero-variance, and got advantages of about 1e-13
+    rewards = [0.1, 0.1, 0.1, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7]
+    groups = ["g1"] * 3 + ["g2"] * 6
+    episodes = ["A", "B", "C", "A", "A", "B", "C", "C", "C"]  # uneven calls per rollout
+    adv, zero = advantages(rewards, groups, episodes, unit=unit)
+    assert zero == 2 and adv == [0.0] * 9
+    rows = [llm(f"e{i}", 1, task="t", prompt=[i]) for i in range(3)]
+    rows += [reward(f"e{i}", 2, 0.1) for i in range(3)]
+    out, stats = spans_to_transitions(table(rows), ConvertConfig(advantage_unit=unit))
+    assert stats.zero_variance_groups == 1 and out["advantage"].to_pylist() == [0.0] * 3
+    ref, ref_stats = reference_spans_to_transitions(table(rows),
+                                                    ConvertConfig(advantage_unit=unit))
+    assert ref_stats.zero_variance_groups == 1 and ref["advantage"].to_pylist() == [0.0] * 3
+
+
 def test_spilled_conversion_equals_in_memory(tmp_path):
     rows = []
     for e in range(40):

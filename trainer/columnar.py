@@ -558,6 +558,8 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
 def _advantages(reward: np.ndarray, group: np.ndarray, episode: np.ndarray, *, unit: str,
                 scale: bool, eps: float = 1e-4) -> tuple[np.ndarray, int, int]:
     """``credit.advantages`` on arrays: same sums (math.fsum per group), same results."""
+    from agl_bridge.trainer.credit import mean_of
+
     n = len(reward)
     out = np.zeros(n, np.float64)
     if n == 0:
@@ -580,13 +582,16 @@ def _advantages(reward: np.ndarray, group: np.ndarray, episode: np.ndarray, *, u
             per: dict = {}
             for v, e in zip(r_sorted[a:b], e_sorted[a:b]):
                 per.setdefault(e, []).append(v)
-            values = [fsum(v) / len(v) for v in per.values()]
+            values = [mean_of(v) for v in per.values()]
         else:
             if b - a < 2:
                 continue
             values = r_sorted[a:b]
         m = len(values)
         if m < 2:
+            continue
+        if min(values) == max(values):
+            zero_var += 1
             continue
         mu = fsum(values) / m
         sd = sqrt(fsum((v - mu) ** 2 for v in values) / (m - 1))

@@ -103,6 +103,16 @@ def group_key(key: Key, algorithm: Algorithm) -> str:
     return f"{task}|agent:{key.agent}|turn:{key.turn}"
 
 
+def mean_of(values: Sequence[float]) -> float:
+    """The mean, correctly rounded (``math.fsum``), and exactly the value when all are equal:
+    the rounded sum of n equal values divided by n can miss it by an ulp, which made a group
+    of equal rewards look like one with variance (std 1e-17 instead of 0)."""
+    first = values[0]
+    if all(v == first for v in values):
+        return first
+    return math.fsum(values) / len(values)
+
+
 def advantages(rewards: Sequence[float], groups: Sequence[str], episodes: Sequence[str], *,
                unit: AdvantageUnit = "transition", scale: bool = True, eps: float = 1e-4
                ) -> tuple[list[float], int]:
@@ -126,10 +136,13 @@ def advantages(rewards: Sequence[float], groups: Sequence[str], episodes: Sequen
             per_episode: dict[str, list[float]] = defaultdict(list)
             for i in idx:
                 per_episode[episodes[i]].append(rewards[i])
-            values = [math.fsum(v) / len(v) for v in per_episode.values()]
+            values = [mean_of(v) for v in per_episode.values()]
         else:
             values = [rewards[i] for i in idx]
         if len(values) < 2:
+            continue
+        if min(values) == max(values):  # exactly: fsum([0.1] * 3) / 3 is not 0.1
+            zero_variance += 1
             continue
         mean = math.fsum(values) / len(values)
         std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
