@@ -289,18 +289,36 @@ def ensure_datasets(wanted: list[tuple[int, str]], seed: int, peer_python: Path
     return {(n, fmt): _complete(dataset(n, seed, fmt)) for n, fmt in wanted}
 
 
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs from /proc/stat; None elsewhere than Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
 def run_worker(python: str | Path, args: list[str], timeout: float = 3600) -> dict[str, Any]:
+    """One measurement in a fresh process. Adds ``steal_pct``: the share of the machine's CPU
+    time its hypervisor gave to other guests meanwhile (on a shared host it varies from run
+    to run, and slows a two-thread pipeline more than a one-thread loop)."""
     cmd = [str(python), str(HERE), "--worker", *map(str, args)]
+    t0 = _cpu_ticks()
     try:
         r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=_env(),
                            cwd=REPO, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
+    t1 = _cpu_ticks()
     lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
         tail = (r.stderr.strip().splitlines() or ["no output"])[-3:]
         return {"error": f"rc {r.returncode}: {' | '.join(tail)}"}
-    return json.loads(lines[-1][len("RESULT "):])
+    res = json.loads(lines[-1][len("RESULT "):])
+    if t0 and t1 and t1[1] > t0[1]:
+        res["steal_pct"] = 100.0 * (t1[0] - t0[0]) / (t1[1] - t0[1])
+    return res
 
 
 # -- the id check -------------------------------------------------------------------------------
@@ -521,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_worker(python, args)
                 runs[key].append(res)
                 log(f"round {r + 1}/{a.repeats} {key}: " + (res.get("error") or
-                    f"{res['wall_s']:.1f} s, peak RSS {res['maxrss_kb'] / 1024:.0f} MiB"))
+                    f"{res['wall_s']:.1f} s, peak RSS {res['maxrss_kb'] / 1024:.0f} MiB, "
+                    f"host steal {res.get('steal_pct', float('nan')):.0f}%"))
         info["runs"] = runs
 
         once: list[dict[str, Any]] = []
@@ -598,12 +617,14 @@ def report(info: dict[str, Any]) -> None:
         rows.append(("peer  unpickle + adapt() per episode", spans_n,
                      [r["wall_s"] for r in pe], cpu(pe, "cpu_s"), pe))
     print(f"{'converter':40} {'spans':>10} {'wall s':>22} {'spans/s':>22} {'peak RSS MiB':>20}"
-          f" {'CPU s':>22} {'spans/CPU-s':>22}")
+          f" {'CPU s':>22} {'spans/CPU-s':>22} {'host steal %':>20}")
     for label, spans, walls, cpus, rs in rows:
+        steal = [r["steal_pct"] for r in rs if "steal_pct" in r]
         print(f"{label:40} {spans:>10,} {_spread(walls):>22} "
               f"{_spread([spans / w for w in walls], '{:,.0f}'):>22} "
               f"{_spread([r['maxrss_kb'] / 1024 for r in rs], '{:.0f}'):>20} "
-              f"{_spread(cpus):>22} {_spread([spans / c for c in cpus], '{:,.0f}'):>22}")
+              f"{_spread(cpus):>22} {_spread([spans / c for c in cpus], '{:,.0f}'):>22} "
+              f"{_spread(steal, '{:.0f}') if steal else '-':>20}")
     for r in (on or o10)[:1]:
         print(f"\nours: {r['summary']}")
     if on and pe:
