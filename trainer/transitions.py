@@ -1133,10 +1133,12 @@ def _otlp_json_files(source: Any) -> list[Path]:
 
 
 def _columns_for(cfg: ConvertConfig) -> list[str]:
-    """The span columns the converter reads: the JSON blobs only when retokenizing."""
+    """The span columns the converter reads: the JSON blobs only when retokenizing. The span
+    name is required of a file (the contract) but never read: the operation column says what
+    a span is (reading the names took 0.09 CPU s per million spans)."""
     extra = ["attributes"] if cfg.retokenize else []
-    return [c for c in SPAN_SCHEMA.names
-            if c in (*REQUIRED_SPAN_COLUMNS, *_OPTIONAL_COLUMNS, *extra)]
+    return [c for c in SPAN_SCHEMA.names if c != "name"
+            and c in (*REQUIRED_SPAN_COLUMNS, *_OPTIONAL_COLUMNS, *extra)]
 
 
 def _conform(table: pa.Table, columns: list[str]) -> pa.Table:
