@@ -598,7 +598,9 @@ def _short_lived_arrays() -> Iterator[None]:
     * Arrow's default pool (mimalloc) returned the Parquet reader's growing buffers and
       faulted them in again batch after batch (perf: clear_page 9.8% of the CPU samples);
       jemalloc keeps freed extents for reuse a while (clear_page 1.0%). Used where the wheel
-      has it, unless ``ARROW_DEFAULT_MEMORY_POOL`` chooses a pool.
+      has it, unless ``ARROW_DEFAULT_MEMORY_POOL`` chooses a pool. Both switches are
+      process-wide: other threads allocating meanwhile get the same allocators, which is
+      harmless (buffers remember their pool).
     """
     restore: list[Callable[[], Any]] = []
     try:
