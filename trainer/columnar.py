@@ -196,6 +196,14 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(shift, lengths) + np.arange(total, dtype=np.int64)
 
 
+def _second_mask(first_len: np.ndarray, second_len: np.ndarray) -> np.ndarray:
+    """int8 per value of pieces laid out first[0], second[0], first[1], ...: 1 in the second
+    pieces. For merged turns it is the completion mask itself (observation 0, completion 1)."""
+    lengths = np.empty(2 * len(first_len), np.int64)
+    lengths[0::2], lengths[1::2] = first_len, second_len
+    return np.repeat(np.tile(np.array([0, 1], np.int8), len(first_len)), lengths)
+
+
 def _interleave(first: np.ndarray, second: np.ndarray, second_mask: np.ndarray,
                 dtype: np.dtype) -> np.ndarray:
     """Values of ``first`` where ``second_mask`` is False and of ``second`` where it is True,
@@ -228,10 +236,8 @@ def _extends(P: _Lists, C: _Lists, cur: np.ndarray, prev: np.ndarray) -> np.ndar
         return ok
     pn, cn = P.lengths[prev], C.lengths[prev]
     ctx = pn + cn
-    from_completion = np.repeat(np.tile(np.array([False, True]), len(prev)),
-                                np.column_stack((pn, cn)).reshape(-1))
     was = _interleave(_segments(pv, P.starts[prev], pn), _segments(cv, C.starts[prev], cn),
-                      from_completion, pv.dtype)
+                      _second_mask(pn, cn).view(bool), pv.dtype)
     differ = np.flatnonzero(was != _segments(pv, P.starts[cur], ctx))
     if len(differ):
         ok[np.searchsorted(np.cumsum(ctx), differ, side="right")] = False
@@ -442,10 +448,7 @@ def convert_table(spans: pa.Table, cfg, stats, rewards: dict, *, episodes: pa.Ar
         ctx = np.where(cont, P.lengths[prev_rows] + C.lengths[prev_rows], 0)
         obs_len = np.where(cont, P.lengths[rows_b] - ctx, 0)
         comp_len = C.lengths[rows_b]
-        seg_len = np.empty(2 * len(calls), np.int64)
-        seg_len[0::2], seg_len[1::2] = obs_len, comp_len
-        # one int8 per merged value: 0 observation, 1 completion (the mask column itself)
-        seg_mask = np.repeat(np.tile(np.array([0, 1], np.int8), len(calls)), seg_len)
+        seg_mask = _second_mask(obs_len, comp_len)  # the completion_mask values
         is_comp = seg_mask.view(bool)
         values = _interleave(_segments(P.values, P.starts[rows_b] + ctx, obs_len),
                              _segments(C.values, C.starts[rows_b], comp_len), is_comp, np.int32)
