@@ -28,11 +28,11 @@ from agl_bridge.tools import tool
 
 
 def train_from_traces(traces, base_model, **kwargs):
-    """Convert traces and train LoRA adapters; see ``agl_bridge.trainer.api.train_from_traces``.
+    """Convert traces and train LoRA adapters; see ``agl_bridge.trainer.training.from_traces.train_from_traces``.
 
     Imported on call, so that capture never imports torch.
     """
-    from agl_bridge.trainer.api import train_from_traces as run
+    from agl_bridge.trainer.training.from_traces import train_from_traces as run
 
     return run(traces, base_model, **kwargs)
 

@@ -1,5 +1,6 @@
 """``agl-bridge``: the pipeline's stages from the shell.
 
+    agl-bridge demo                                 the main job: a team learns from its traces
     agl-bridge convert SPANS OUT.parquet            spans -> transitions, with a summary
     agl-bridge train TRACES --base-model DIR        convert and train -> new adapter versions
     agl-bridge report RUN_DIR                       a run's metrics as plots and one HTML page
@@ -25,8 +26,15 @@ import threading
 from pathlib import Path
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.loop import demo
+
+    demo.run(args)
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.transitions import ConvertConfig, convert
+    from agl_bridge.trainer.conversion import ConvertConfig, convert
 
     missing = args.missing_reward if args.missing_reward == "drop" else float(args.missing_reward)
     config = ConvertConfig(algorithm=args.algorithm, alpha=args.alpha, gamma=args.gamma,
@@ -39,14 +47,15 @@ def _convert(args: argparse.Namespace) -> int:
             end = "\n" if done == total else ""
             print(f"\rconverting: bucket {done}/{total}", end=end, file=sys.stderr, flush=True)
 
+    # this process is ours: convert may switch process-wide allocator settings
     stats = convert(args.spans, args.out, config, max_rows_in_memory=args.max_rows_in_memory,
-                    progress=progress)
+                    progress=progress, tune_allocators=True)
     print(stats.summary())
     print(f"wrote {args.out}")
     return 0 if stats.transitions else 1
 
 def _train(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.api import train_from_traces
+    from agl_bridge.trainer.training.from_traces import train_from_traces
 
     options: dict = {}
     if args.config:
@@ -103,7 +112,7 @@ def _registry_settings(args: argparse.Namespace) -> dict:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.publish import Publisher, publish_adapter
+    from agl_bridge.trainer.serving.publisher import Publisher, publish_adapter
 
     if args.alias is None:
         if not args.server:
@@ -119,7 +128,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.publish import Publisher
+    from agl_bridge.trainer.serving.publisher import Publisher
 
     publisher = Publisher(registry=args.registry, **_registry_settings(args))
     name = publisher.rollback(args.alias, args.version)
@@ -132,7 +141,7 @@ def _serve(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from agl_bridge.trainer.vllm_server import VLLMServer
+    from agl_bridge.trainer.serving.vllm_server import VLLMServer
 
     servers = []
     try:
@@ -232,7 +241,7 @@ def _recover(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.report import report
+    from agl_bridge.trainer.training.report import report
 
     html_path, summary, problems = report(args.run, args.out, args.adapters or ())
     for problem in problems:
@@ -261,6 +270,14 @@ def _port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="agl-bridge", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
+
+    from agl_bridge.trainer.loop import demo
+
+    d = sub.add_parser("demo", help="the main job: an AutoGen team of two agents learns from "
+                                    "its own traces (closed loop on vLLM)",
+                       description=demo.__doc__.splitlines()[0])
+    demo.build_parser(d)
+    d.set_defaults(func=_demo)
 
     c = sub.add_parser("convert", help="span Parquet -> transitions Parquet")
     c.add_argument("spans", help="a span Parquet file or a directory of them")

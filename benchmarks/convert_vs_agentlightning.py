@@ -11,7 +11,7 @@ What runs (every measurement in its own fresh subprocess; imports are not timed)
    1,000,000 spans; ``--quick``: 50,000 spans) from a seed, once, cached under
    ``.cache/convert-bench/<N>/seed-<S>/``: ``ours/`` (span Parquet, as capture writes it) and
    ``peer/`` (Agent Lightning ``Span`` objects, pickled per 500 episodes). Also ours at N/10.
-2. ``ours``: ``agl_bridge.trainer.transitions.convert(<Parquet dir>, <temp file>)`` with its
+2. ``ours``: ``agl_bridge.trainer.conversion.convert(<Parquet dir>, <temp file>)`` with its
    defaults, at N/10 and at N: wall seconds, spans/s, peak RSS (``ru_maxrss``) and the RSS after
    imports. Whatever ``convert`` does today is what is measured.
 3. ``peer``: in ``.cache/venv-agentlightning`` (created on first run: ``agentlightning==0.3.0``;
@@ -109,7 +109,7 @@ def _maxrss_kb() -> int:
 # workers: each runs in a fresh process (ours: dev venv; peer: Agent Lightning's venv)
 # =============================================================================================
 def worker_ours(src: str, out: str) -> dict[str, Any]:
-    from agl_bridge.trainer.transitions import convert
+    from agl_bridge.trainer.conversion import convert
 
     rss0 = _rss_kb()
     c0 = _cpu_s()

@@ -293,7 +293,7 @@ def main() -> None:
         return args.pairs or pairs, args.runs or runs
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from scripted_server import ScriptedServer
+    from tests.scripted_server import ScriptedServer
 
     load_start = os.getloadavg()[0]
     t_start = time.monotonic()

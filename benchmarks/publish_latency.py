@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from train_models import ensure_model  # noqa: E402
 
 from agl_bridge.aliases import AliasTable  # noqa: E402
-from agl_bridge.trainer.publish import _post, load_and_probe, validate_adapter  # noqa: E402
-from agl_bridge.trainer.vllm_server import VLLMServer  # noqa: E402
+from agl_bridge.trainer.serving.publisher import _post, load_and_probe, validate_adapter  # noqa: E402
+from agl_bridge.trainer.serving.vllm_server import VLLMServer  # noqa: E402
 
 
 def make_adapter(model, out: Path, seed: int) -> float:

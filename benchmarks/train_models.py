@@ -10,7 +10,7 @@
   float32 Llama directory (hidden 576, 30 layers, 9 heads, head_dim 64, vocabulary 49,152,
   tied embeddings). The weights are the Q4_1 weights dequantized: this is SmolLM2-135M-Instruct
   as that package serves it, not bit-identical to the original bf16 checkpoint.
-* ``tiny``: ``agl_bridge.trainer.tiny_model.build_tiny_model`` (random, byte-level tokenizer).
+* ``tiny``: ``agl_bridge.trainer.models.tiny.build_tiny_model`` (random, byte-level tokenizer).
 
 Both are cached under ``.cache/`` and built once. Use from another script::
 
@@ -26,7 +26,7 @@ import argparse
 import os
 from pathlib import Path
 
-from agl_bridge.trainer import models as _models
+from agl_bridge.trainer.models import smollm2 as _models
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = REPO / ".cache"
@@ -48,7 +48,7 @@ def convert_smollm2(out_dir: str | os.PathLike[str] = SMOLLM2_DIR) -> Path:
 
 
 def build_tiny(out_dir: str | os.PathLike[str] = TINY_DIR) -> Path:
-    from agl_bridge.trainer.tiny_model import build_tiny_model
+    from agl_bridge.trainer.models.tiny import build_tiny_model
 
     return build_tiny_model(out_dir)
 

@@ -196,7 +196,7 @@ def worker_ours(spec: dict) -> dict:
         torch.set_num_threads(spec["threads"])
     from transformers import AutoTokenizer
 
-    from agl_bridge.trainer.train import GRPOConfig, train_policy
+    from agl_bridge.trainer.training import GRPOConfig, train_policy
 
     rss_imports = _rss_mb()
     steps = spec["steps"]

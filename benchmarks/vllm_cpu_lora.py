@@ -1,5 +1,5 @@
 """Serving throughput with LoRA adapters on vLLM's CPU backend: vLLM's own torch ops vs
-agl-bridge's grouped ops (``agl_bridge.trainer.vllm_cpu_lora``), in one run.
+agl-bridge's grouped ops (``agl_bridge.trainer.serving.vllm_cpu_lora``), in one run.
 
 For each setting a fresh server (SmolLM2-135M-Instruct, float32) gets the same load:
 ``--requests`` chat requests, all in flight at once, ``--max-tokens`` tokens each at temperature
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import openai  # noqa: E402
 
-from agl_bridge.trainer.publish import publish_adapter  # noqa: E402
-from agl_bridge.trainer.vllm_cpu_lora import ENV  # noqa: E402
-from agl_bridge.trainer.vllm_server import VLLMServer  # noqa: E402
+from agl_bridge.trainer.serving.publisher import publish_adapter  # noqa: E402
+from agl_bridge.trainer.serving.vllm_cpu_lora import ENV  # noqa: E402
+from agl_bridge.trainer.serving.vllm_server import VLLMServer  # noqa: E402
 
 
 async def load(base_url: str, models: list[str], n: int, max_tokens: int):

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from opentelemetry import trace
@@ -10,9 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from agl_bridge.otel.processors import ScopeSpanProcessor  # noqa: E402
+from agl_bridge.otel.processors import ScopeSpanProcessor
 
 # One global provider for the whole session (OpenTelemetry allows setting it once).
 _MEMORY = InMemorySpanExporter()
@@ -57,3 +57,16 @@ def instrumented():
     inst.instrument()
     yield inst
     inst.uninstrument()
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """An example program (``examples/<name>.py``) as a module, as a user would run it: the
+    examples are programs, not a package, so they are loaded from their file."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.train import GRPOConfig, train_policy
+from agl_bridge.trainer.training import GRPOConfig, train_policy
 
 model_dir, out = sys.argv[1], Path(sys.argv[2])
 rows = []

@@ -13,7 +13,7 @@ import agl_bridge
 from agl_bridge import semconv as sc
 from agl_bridge.integrations.autogen import AutoGenInstrumentor
 from agl_bridge.integrations.openai import OpenAIInstrumentor
-from scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer
 
 MODEL_INFO = {"vision": False, "function_calling": True, "json_output": False,
               "family": "unknown", "structured_output": False}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from test_transitions import llm, reward, table
+from tests.factories import llm, reward, table
 
 
 def agl(*args):

@@ -1,4 +1,4 @@
-"""The columnar fast path gives exactly the reference implementation's transitions and counts.
+"""The converter gives exactly the reference implementation's transitions and counts.
 
 Random tables full of the cases that matter (merges that extend and that do not, equal start
 times, duplicates, missing ids, empty completions, logprobs missing or of the wrong length,
@@ -13,13 +13,9 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from agl_bridge.trainer.transitions import (
-    ConvertConfig,
-    convert,
-    reference_spans_to_transitions,
-    spans_to_transitions,
-)
-from test_transitions import llm, reward, table
+from agl_bridge.trainer.conversion import ConvertConfig, convert, spans_to_transitions
+from tests.factories import llm, reward, table
+from tests.reference_converter import reference_spans_to_transitions
 
 CONFIGS = [
     ConvertConfig(),
@@ -148,11 +144,11 @@ def test_convert_streams_units_as_they_complete(tmp_path, monkeypatch):
     """Tasks local in time (as GRPO rollouts of one task run together): convert() streams,
     converting each task's episodes once they are read whole, and gives the reference's
     transitions; an unreadable file among them is counted and the rest converted."""
-    from agl_bridge.trainer import transitions
+    from agl_bridge.trainer.conversion import engine
 
     streamed = []
-    real = transitions._convert_streaming
-    monkeypatch.setattr(transitions, "_convert_streaming",
+    real = engine.convert_streaming
+    monkeypatch.setattr(engine, "convert_streaming",
                         lambda *a, **k: streamed.append(1) or real(*a, **k))
     rows = []
     for seed in range(8):
@@ -186,7 +182,7 @@ def test_convert_streams_units_as_they_complete(tmp_path, monkeypatch):
 def test_units_join_episodes_that_share_tasks():
     import pyarrow as pa
 
-    from agl_bridge.trainer.transitions import _units
+    from agl_bridge.trainer.conversion.streaming import units as _units
 
     episodes = pa.array(["e1", "e2", "e3", "e4", "e5", "e6"])
     pairs_e = [pa.array(["e1", "e2", "e2"]), pa.array(["e3", "e4", "e6"])]

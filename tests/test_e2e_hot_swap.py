@@ -12,10 +12,10 @@ import pytest
 from agl_bridge import semconv as sc
 from agl_bridge.aliases import ALIASES_ENV
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.publish import Publisher, PublishError
-from agl_bridge.trainer.tiny_model import build_tiny_model
-from agl_bridge.trainer.train import GRPOConfig, train_grpo
-from agl_bridge.trainer.vllm_server import VLLMServer
+from agl_bridge.trainer.serving.publisher import Publisher, PublishError
+from agl_bridge.trainer.models.tiny import build_tiny_model
+from agl_bridge.trainer.training import GRPOConfig, train_grpo
+from agl_bridge.trainer.serving.vllm_server import VLLMServer
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 16

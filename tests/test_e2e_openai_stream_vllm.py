@@ -10,8 +10,8 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 import agl_bridge
 from agl_bridge import semconv as sc
-from agl_bridge.trainer.tiny_model import build_tiny_model
-from agl_bridge.trainer.vllm_server import VLLMServer
+from agl_bridge.trainer.models.tiny import build_tiny_model
+from agl_bridge.trainer.serving.vllm_server import VLLMServer
 
 pytestmark = pytest.mark.e2e
 

@@ -1,18 +1,15 @@
 """The Flow-style integration through examples/flow_dag.py, with a scripted model."""
 
-import sys
-from pathlib import Path
-
 import openai
 import pytest
 
 from agl_bridge import semconv as sc
 from agl_bridge.integrations.flow import Workflow
 from agl_bridge.integrations.openai import OpenAIInstrumentor
-from scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer
+from tests.conftest import load_example
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import flow_dag  # noqa: E402
+flow_dag = load_example("flow_dag")
 
 
 @pytest.fixture

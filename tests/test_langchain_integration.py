@@ -15,7 +15,7 @@ import agl_bridge
 from agl_bridge import semconv as sc
 from agl_bridge.integrations.langchain import LangChainInstrumentor
 from agl_bridge.integrations.openai import OpenAIInstrumentor
-from scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer
 
 
 class State(TypedDict):

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from agl_bridge.trainer.losses import (
+from agl_bridge.trainer.training.losses import (
     aggregate,
     grpo_clip_loss,
     importance_weights,

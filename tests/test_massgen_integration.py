@@ -13,7 +13,7 @@ import pytest
 
 from agl_bridge import semconv as sc
 from agl_bridge.parquet_io import iter_parquet_files
-from scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = Path(__file__).parent / "agents" / "massgen_run.py"

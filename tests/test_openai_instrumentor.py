@@ -9,7 +9,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import agl_bridge
 from agl_bridge import semconv as sc
 from agl_bridge.integrations.openai import OpenAIInstrumentor, ServerProbe
-from scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

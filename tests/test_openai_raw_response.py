@@ -4,7 +4,7 @@ import openai
 
 from agl_bridge import semconv as sc
 from agl_bridge.integrations.openai import OpenAIInstrumentor
-from scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer
 
 
 def test_raw_responses_are_recorded_and_restored(spans):

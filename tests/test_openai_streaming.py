@@ -13,8 +13,8 @@ from opentelemetry.trace import StatusCode
 import agl_bridge
 from agl_bridge import semconv as sc
 from agl_bridge.integrations.openai import OpenAIInstrumentor
-from scripted_server import ScriptedServer
-from test_openai_instrumentor import chat_spans
+from tests.scripted_server import ScriptedServer
+from tests.test_openai_instrumentor import chat_spans
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {

@@ -40,7 +40,7 @@ trace.set_tracer_provider(provider)
 import openai
 import agl_bridge
 from agl_bridge.integrations.openai import OpenAIInstrumentor
-from scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer
 
 OpenAIInstrumentor().instrument()
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -16,7 +16,7 @@ from agl_bridge import semconv as sc
 from agl_bridge.otel import SpanParquetWriter, otlp
 from agl_bridge.otel.receiver import import_otlp_json
 from agl_bridge.otel.rows import rows_to_table, span_to_row
-from test_otlp_receiver import (
+from tests.test_otlp_receiver import (
     agent_team,
     by_span,
     expected_rows,

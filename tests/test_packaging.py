@@ -4,7 +4,7 @@ import sys
 
 def test_capture_path_never_imports_torch():
     code = ("import sys, agl_bridge, agl_bridge.otel, agl_bridge.integrations.openai, "
-            "agl_bridge.trainer.transitions; "
+            "agl_bridge.trainer.conversion; "
             "bad = [m for m in ('torch', 'transformers', 'peft', 'vllm') if m in sys.modules]; "
             "print(bad); assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -14,10 +14,10 @@ def test_capture_path_never_imports_torch():
 def test_subpackages_live_under_one_import_name():
     import agl_bridge.integrations.openai as oi
     import agl_bridge.otel as otel
-    import agl_bridge.trainer.transitions as tr
+    import agl_bridge.trainer.conversion as tr
 
     assert otel.__name__ == "agl_bridge.otel" and oi.__name__.startswith("agl_bridge.")
-    assert tr.__name__ == "agl_bridge.trainer.transitions"
+    assert tr.__name__ == "agl_bridge.trainer.conversion"
 
 
 def test_semconv_is_the_only_place_attribute_names_are_spelled():

@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.publish import PublishError, validate_adapter
-from agl_bridge.trainer.tiny_model import build_tiny_model
-from agl_bridge.trainer.train import GRPOConfig, train_grpo
+from agl_bridge.trainer.serving.publisher import PublishError, validate_adapter
+from agl_bridge.trainer.models.tiny import build_tiny_model
+from agl_bridge.trainer.training import GRPOConfig, train_grpo
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib  # noqa: F401  (the train extra; a missing one must fail, not skip)
 import pytest
 
-from agl_bridge.trainer.report import (
+from agl_bridge.trainer.training.report import (
     METADATA_FILE,
     find_adapters,
     load_metrics,
@@ -239,10 +239,10 @@ def test_appended_rounds_and_stale_panels(tmp_path):
 
 
 def test_report_on_metrics_from_the_real_trainer(tmp_path):
-    from agl_bridge.trainer.report import report
-    from agl_bridge.trainer.tiny_model import build_tiny_model
-    from agl_bridge.trainer.train import GRPOConfig, train_policy
-    from test_train import transitions
+    from agl_bridge.trainer.training.report import report
+    from agl_bridge.trainer.models.tiny import build_tiny_model
+    from agl_bridge.trainer.training import GRPOConfig, train_policy
+    from tests.test_train import transitions
 
     model = build_tiny_model(tmp_path / "model")
     run_dir = tmp_path / "run"

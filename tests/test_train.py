@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.tiny_model import build_tiny_model
-from agl_bridge.trainer.train import (METADATA_FILE, GRPOConfig, base_model_fingerprint,
-                                      latest_adapter, train_grpo)
+from agl_bridge.trainer.models.tiny import build_tiny_model
+from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, latest_adapter
+from agl_bridge.trainer.training import GRPOConfig, train_grpo
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_zero_variance_groups_are_filtered_and_leave_the_adapter_at_init(tiny, t
 
 
 def test_per_agent_lora_adapters_learn_only_from_their_own_agent(tiny, tmp_path):
-    from agl_bridge.trainer.train import train_policy
+    from agl_bridge.trainer.training import train_policy
 
     # agent a's transitions carry signal; agent b's group has equal rewards (no signal)
     data = transitions([1.0, 0.0, 0.3, 0.3], groups=["g_a", "g_a", "g_b", "g_b"],
@@ -134,7 +134,8 @@ def test_two_process_data_parallel_with_gloo(tiny, tmp_path):
 
 
 def test_resume_reproduces_the_loss_trajectory_and_metadata_has_the_data_range(tiny, tmp_path):
-    from agl_bridge.trainer.train import latest_checkpoint, train_policy
+    from agl_bridge.trainer.training import train_policy
+    from agl_bridge.trainer.training.checkpoints import latest_checkpoint
 
     data = transitions([1.0, 0.0, 0.7, 0.1, 0.4, 0.9])
     cfg = dict(learning_rate=5e-2, per_device_train_batch_size=2, num_train_epochs=2)

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import agl_bridge
-from agl_bridge.trainer.tiny_model import build_tiny_model
-from test_transitions import llm, reward, table
+from agl_bridge.trainer.models.tiny import build_tiny_model
+from tests.factories import llm, reward, table
 
 
 @pytest.fixture(scope="module")

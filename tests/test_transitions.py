@@ -6,32 +6,8 @@ import pytest
 
 from agl_bridge.parquet_io import SchemaError
 from agl_bridge.schema import SPAN_SCHEMA, TRANSITION_SCHEMA
-from agl_bridge.trainer.transitions import convert, read_spans, spans_to_transitions
-
-_N = iter(range(1, 10**9))
-
-
-def llm(episode, t, *, task="t1", agent="a", prompt=(1, 2), completion=(3, 4), logprobs=None,
-        trace="T", turn=0, candidate=None, round=None):
-    return {"trace_id": trace, "span_id": f"s{next(_N)}", "name": "chat m", "episode_id": episode,
-            "task_id": task, "agent_name": agent, "turn_index": turn,
-            "candidate_index": candidate, "coordination_round": round, "operation_name": "chat",
-            "start_time_unix_nano": t,
-            "prompt_token_ids": None if prompt is None else list(prompt),
-            "completion_token_ids": None if completion is None else list(completion),
-            "completion_logprobs": logprobs}
-
-
-def reward(episode, t, value, *, scope="episode", trace="T", agent=None, turn=None):
-    return {"trace_id": trace, "span_id": f"s{next(_N)}", "name": "agl_bridge.reward",
-            "episode_id": episode, "start_time_unix_nano": t, "reward_value": value,
-            "reward_scope": scope, "agent_name": agent, "turn_index": turn}
-
-
-def table(rows):
-    full = [{f.name: r.get(f.name) for f in SPAN_SCHEMA} for r in rows]
-    return pa.Table.from_pylist(full, schema=SPAN_SCHEMA)
-
+from agl_bridge.trainer.conversion import convert, read_spans, spans_to_transitions
+from tests.factories import llm, reward, table
 
 def test_episode_reward_reaches_every_call_of_its_episode_only():
     # two episodes interleaved in time, as concurrent rollouts are: rewards must not cross

@@ -4,7 +4,7 @@ import pytest
 import torch
 from vllm.lora.ops.torch_ops import lora_ops as upstream
 
-from agl_bridge.trainer import vllm_cpu_lora as ours
+from agl_bridge.trainer.serving import vllm_cpu_lora as ours
 
 
 def setup(seed=0, tokens=37, slots=4, hidden=24, rank=8, out=40):

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge.parquet_io import iter_parquet_files
-from scripted_server import ScriptedServer
+from tests.scripted_server import ScriptedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = Path(__file__).parent / "agents" / "plain_openai_agent.py"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from agl_bridge.trainer.transitions import ConversionStats, ConvertConfig, convert
+from agl_bridge.trainer.conversion import ConversionStats, ConvertConfig, convert
 
 
 @dataclass
@@ -43,7 +43,7 @@ def _is_transitions_file(path: Path) -> bool:
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Options by owner: converter (ConvertConfig) or trainer (GRPOConfig); unknown names are
     an error that lists the known ones."""
-    from agl_bridge.trainer.train import GRPOConfig
+    from agl_bridge.trainer.training.config import GRPOConfig
 
     convert_names = {f.name for f in dataclasses.fields(ConvertConfig)}
     train_names = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -81,7 +81,8 @@ def train_from_traces(
     ``adapters_dir`` (default ``<output_dir>/adapters``) is where versions are numbered: give
     successive runs the same one and their versions count on (v1, v2, ...).
     """
-    from agl_bridge.trainer.train import GRPOConfig, train_policy
+    from agl_bridge.trainer.training.config import GRPOConfig
+    from agl_bridge.trainer.training.loop import train_policy
 
     if algorithm not in ("at_grpo", "lightning_rl"):
         raise ValueError(f"algorithm must be at_grpo or lightning_rl, got {algorithm!r}")

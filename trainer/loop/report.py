@@ -132,7 +132,7 @@ def plot_times(seconds: dict[str, float]) -> str:
 
 def training_curves(work: Path, data: dict) -> list[tuple[str, str]]:
     """The trainer's own panels (``agl-bridge report``) over all rounds' metrics."""
-    from agl_bridge.trainer.report import load_metrics, render
+    from agl_bridge.trainer.training.report import load_metrics, render
 
     merged = work / "report" / "metrics-all-rounds.jsonl"
     merged.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ from typing import Literal
 
 import torch
 
-LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
+from agl_bridge.trainer.training.config import LossType
+
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -32,10 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.aliases import AliasTable
+from agl_bridge.trainer.adapters import (
+    METADATA_FILE,
+    base_model_fingerprint,
+    read_metadata,
+    version_of,
+)
 
 ALIASES_FILE = "aliases.json"
 HISTORY_FILE = "history.json"
-METADATA_FILE = "agl_bridge_adapter.json"
 
 
 class PublishError(RuntimeError):
@@ -59,7 +64,7 @@ def _root(base_url: str) -> str:
 def served_name(adapter_dir: str | os.PathLike[str], alias: str | None = None) -> str:
     """``<alias or adapter name>@v<N>`` from a versioned adapter directory ``.../<name>/v000N``."""
     d = Path(adapter_dir).resolve()
-    number = int(d.name.lstrip("v")) if d.name.lstrip("v").isdigit() else None
+    number = version_of(d)
     if number is None:
         raise PublishError(f"{d}: not a versioned adapter directory (expected .../<name>/vN)")
     return f"{alias or d.parent.name}@v{number}"
@@ -125,14 +130,14 @@ def validate_adapter(adapter_dir: str | os.PathLike[str], *,
                            f"{max_lora_rank}")
     if base_model is not None:
         base = Path(base_model)
-        meta_path = d / METADATA_FILE
-        if meta_path.exists():
-            from agl_bridge.trainer.train import base_model_fingerprint
-
-            trained_on = json.loads(meta_path.read_text()).get("base_model_fingerprint")
-            if trained_on and trained_on != base_model_fingerprint(base):
-                raise PublishError(f"{d}: trained on another base model (fingerprint "
-                                   f"{trained_on[:12]}..., serving {base})")
+        try:
+            meta = read_metadata(d) or {}
+        except ValueError as exc:
+            raise PublishError(f"{d / METADATA_FILE}: not valid metadata ({exc})") from None
+        trained_on = meta.get("base_model_fingerprint")
+        if trained_on and trained_on != base_model_fingerprint(base):
+            raise PublishError(f"{d}: trained on another base model (fingerprint "
+                               f"{str(trained_on)[:12]}..., serving {base})")
         base_shapes = _base_shapes(base)
         for key, shape in shapes.items():
             m = re.match(r"(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$", key)

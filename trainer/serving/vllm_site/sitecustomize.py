@@ -20,7 +20,7 @@ try:
     import wrapt
 
     def _patch(_module):
-        from agl_bridge.trainer.vllm_cpu_lora import install
+        from agl_bridge.trainer.serving.vllm_cpu_lora import install
 
         install()
 

@@ -29,8 +29,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agl_bridge.trainer.adapters import METADATA_FILE
+
+from agl_bridge.trainer.adapters import METADATA_FILE
+
 METRICS_FILE = "metrics.jsonl"
-METADATA_FILE = "agl_bridge_adapter.json"  # = train.METADATA_FILE (train imports torch)
 REPORT_FILE = "report.html"
 
 # Numeric fields the trainer writes. Others are kept in the records but not checked.

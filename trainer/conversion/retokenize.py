@@ -7,6 +7,9 @@ template. They are an approximation: a completion decoded to text and encoded ag
 give the sampled ids back (byte-level tokens that are not valid UTF-8 on their own, merges the
 sampler did not take), so every transition built this way is flagged ``retokenized``, and where
 recorded ids exist the converter can count how often the rebuild disagrees with them.
+
+``fill_ids`` runs before the converter: it fills the id columns where a span has none, and
+the converter's one path does the rest.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ import json
 import os
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from agl_bridge import semconv as sc
+from agl_bridge.schema import SPAN_SCHEMA
+from agl_bridge.trainer.conversion import reasons
+from agl_bridge.trainer.conversion.columns import RETOKENIZED
+from agl_bridge.trainer.conversion.config import ConversionStats
 
 
 def _text(parts: list[dict[str, Any]]) -> str:
@@ -70,3 +80,56 @@ class Retokenizer:
         if first.get("finish_reason") == "stop" and self.tokenizer.eos_token_id is not None:
             completion.append(self.tokenizer.eos_token_id)  # vLLM returns the stop token
         return list(prompt), list(completion)
+
+
+def fill_ids(spans: pa.Table, tokenizer_dir: str | os.PathLike[str],
+             stats: ConversionStats) -> pa.Table:
+    """``spans`` with ids rebuilt from messages where an LLM span recorded none, flagged in a
+    ``retokenized`` column; where it recorded ids, they are kept and the rebuild's agreement
+    with them counted. The converter then treats the rebuilt ids as recorded ones (without
+    logprobs: the sampler's are unknown). Later copies of a duplicated span are left to the
+    converter's deduplication."""
+    retokenizer = Retokenizer(tokenizer_dir)
+    n = spans.num_rows
+    is_llm = pc.fill_null(pc.equal(spans["operation_name"], sc.OP_CHAT), False).to_pylist()
+    attributes = (spans["attributes"].to_pylist() if "attributes" in spans.column_names
+                  else [None] * n)
+    prompts = spans["prompt_token_ids"].to_pylist()
+    completions = spans["completion_token_ids"].to_pylist()
+    logprobs = (spans["completion_logprobs"].to_pylist()
+                if "completion_logprobs" in spans.column_names else [None] * n)
+    trace_ids, span_ids = spans["trace_id"].to_pylist(), spans["span_id"].to_pylist()
+    flag = [False] * n
+    seen: set[tuple[object, object]] = set()
+    for i in range(n):
+        ident = (trace_ids[i], span_ids[i])
+        if not is_llm[i] or ident in seen:
+            continue
+        seen.add(ident)
+        try:
+            rebuilt = retokenizer.ids(json.loads(attributes[i]) if attributes[i] else {})
+        except (ValueError, TypeError, KeyError) as exc:
+            stats.notes[reasons.retokenize_failed(type(exc).__name__)] += 1
+            continue
+        if rebuilt is None:
+            continue
+        if prompts[i] is not None and completions[i] is not None:
+            stats.notes[reasons.retokenize_agreement("prompt", rebuilt[0] == prompts[i])] += 1
+            stats.notes[reasons.retokenize_agreement(
+                "completion", rebuilt[1] == completions[i])] += 1
+            continue
+        prompts[i], completions[i], logprobs[i] = rebuilt[0], rebuilt[1], None
+        flag[i] = True
+        stats.notes[reasons.RETOKENIZED] += 1
+    if not any(flag):
+        return spans
+    out = spans
+    for name, values in (("prompt_token_ids", prompts), ("completion_token_ids", completions),
+                         ("completion_logprobs", logprobs)):
+        typ = SPAN_SCHEMA.field(name).type
+        column = pa.array(values, typ)
+        if name in out.column_names:
+            out = out.set_column(out.column_names.index(name), name, column)
+        else:
+            out = out.append_column(SPAN_SCHEMA.field(name), column)
+    return out.append_column(pa.field(RETOKENIZED, pa.bool_()), pa.array(flag, pa.bool_()))

@@ -1,0 +1,29 @@
+"""Span rows and tables for converter tests: one LLM call, one reward, a table of them."""
+
+import pyarrow as pa
+
+from agl_bridge.schema import SPAN_SCHEMA
+
+_N = iter(range(1, 10**9))
+
+
+def llm(episode, t, *, task="t1", agent="a", prompt=(1, 2), completion=(3, 4), logprobs=None,
+        trace="T", turn=0, candidate=None, round=None):
+    return {"trace_id": trace, "span_id": f"s{next(_N)}", "name": "chat m", "episode_id": episode,
+            "task_id": task, "agent_name": agent, "turn_index": turn,
+            "candidate_index": candidate, "coordination_round": round, "operation_name": "chat",
+            "start_time_unix_nano": t,
+            "prompt_token_ids": None if prompt is None else list(prompt),
+            "completion_token_ids": None if completion is None else list(completion),
+            "completion_logprobs": logprobs}
+
+
+def reward(episode, t, value, *, scope="episode", trace="T", agent=None, turn=None):
+    return {"trace_id": trace, "span_id": f"s{next(_N)}", "name": "agl_bridge.reward",
+            "episode_id": episode, "start_time_unix_nano": t, "reward_value": value,
+            "reward_scope": scope, "agent_name": agent, "turn_index": turn}
+
+
+def table(rows):
+    full = [{f.name: r.get(f.name) for f in SPAN_SCHEMA} for r in rows]
+    return pa.Table.from_pylist(full, schema=SPAN_SCHEMA)

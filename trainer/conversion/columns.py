@@ -1,0 +1,59 @@
+"""The span columns the converter reads, in the span schema's types, and episode keys.
+
+Only these columns are read from span files (the JSON blobs only when retokenizing): the span
+name is required of a file (the contract) but never read, since the operation column says what
+a span is.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from agl_bridge.schema import REQUIRED_SPAN_COLUMNS, SPAN_SCHEMA
+from agl_bridge.trainer.conversion.arrow import arr, lit
+
+COLUMNS = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "episode_id",
+           "task_id", "agent_name", "turn_index", "candidate_index", "coordination_round",
+           "operation_name", "request_model", "policy_version", "prompt_token_ids",
+           "completion_token_ids", "completion_logprobs", "reward_value", "reward_scope")
+
+# not in the span schema: set by retokenization on rows whose ids it rebuilt
+RETOKENIZED = "retokenized"
+
+
+def columns_to_read(retokenize: bool) -> list[str]:
+    """The span file columns conversion reads, in schema order."""
+    wanted = set(COLUMNS) | set(REQUIRED_SPAN_COLUMNS) | ({"attributes"} if retokenize else set())
+    return [c for c in SPAN_SCHEMA.names if c != "name" and c in wanted]
+
+
+def conform(spans: pa.Table) -> pa.Table:
+    """``COLUMNS`` in SPAN_SCHEMA types (absent optional ones as nulls), plus the
+    ``retokenized`` flag when retokenization set it."""
+    cols, fields = [], []
+    for name in COLUMNS:
+        f = SPAN_SCHEMA.field(name)
+        if name in spans.column_names:
+            col = spans[name]
+            if col.type != f.type:
+                col = col.cast(f.type)
+        else:
+            col = pa.nulls(spans.num_rows, f.type)
+        cols.append(col)
+        fields.append(pa.field(name, f.type))
+    if RETOKENIZED in spans.column_names:
+        cols.append(spans[RETOKENIZED])
+        fields.append(pa.field(RETOKENIZED, pa.bool_()))
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
+
+def episode_keys(table: pa.Table) -> pa.Array:
+    """episode id, or ``trace:<trace id>`` without one (one trace = one episode: the best guess
+    that never mixes two)."""
+    ep = table["episode_id"]
+    if ep.null_count == 0:
+        return arr(ep)
+    trace = pc.fill_null(table["trace_id"], lit("None"))
+    key = pc.coalesce(ep, pc.binary_join_element_wise(lit("trace:"), trace, lit("")))
+    return arr(key)

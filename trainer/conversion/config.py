@@ -1,0 +1,86 @@
+"""How spans become transitions (``ConvertConfig``) and what happened (``ConversionStats``)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agl_bridge.trainer.rewards.credit import AdvantageUnit, Algorithm
+
+MissingReward = Literal["drop"] | float
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """How spans become transitions. Defaults: AT-GRPO."""
+
+    algorithm: Algorithm = "at_grpo"
+    alpha: float = 1.0  # AT-GRPO: weight of the team reward in r = alpha * team + local
+    gamma: float = 1.0  # discount of the team reward over an agent's turns
+    advantage_unit: AdvantageUnit = "transition"
+    scale_advantages: bool = True  # divide by the group's std (GRPO); off: Dr. GRPO
+    missing_reward: MissingReward = "drop"  # an episode with no reward
+    merge_turn_calls: bool = True
+    # a tokenizer directory: rebuild ids from captured messages for spans without them
+    # (flagged ``retokenized``), and count how often the rebuild disagrees with recorded ids
+    retokenize: str | None = None
+
+
+AgentTurn = tuple[str | None, int | None]
+
+
+@dataclass
+class ConversionStats:
+    """Counts of one conversion; ``merge`` adds the counts of a part (a batch, a bucket)."""
+
+    spans: int = 0
+    episodes: int = 0
+    llm_spans: int = 0
+    transitions: int = 0
+    files: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)  # reason -> LLM calls not converted
+    notes: Counter[str] = field(default_factory=Counter)  # reason -> worth knowing, not fatal
+    rejected_rewards: list[str] = field(default_factory=list)  # where, first 20
+    per_agent_turn: Counter[AgentTurn] = field(default_factory=Counter)  # -> transitions
+    rewards: list[float] = field(default_factory=list)
+    zero_variance_groups: int = 0
+    groups: int = 0
+
+    MAX_LISTED = 20  # rejected rewards listed by place; all are counted in ``notes``
+
+    def merge(self, other: ConversionStats) -> None:
+        self.spans += other.spans
+        self.episodes += other.episodes
+        self.llm_spans += other.llm_spans
+        self.transitions += other.transitions
+        self.zero_variance_groups += other.zero_variance_groups
+        self.groups += other.groups
+        self.skipped.update(other.skipped)
+        self.notes.update(other.notes)
+        self.per_agent_turn.update(other.per_agent_turn)
+        self.rewards += other.rewards
+        room = max(0, self.MAX_LISTED - len(self.rejected_rewards))
+        self.rejected_rewards += other.rejected_rewards[:room]
+
+    def summary(self) -> str:
+        lines = [f"{self.spans} spans, {self.episodes} episodes, {self.llm_spans} LLM calls -> "
+                 f"{self.transitions} transitions in {self.groups} groups "
+                 f"({self.zero_variance_groups} with zero reward variance)"]
+        if self.rewards:
+            r = sorted(self.rewards)
+
+            def q(f: float) -> float:
+                return r[min(len(r) - 1, int(f * len(r)))]
+
+            lines.append(f"  reward: mean {math.fsum(r) / len(r):+.4f}, min {r[0]:+.4f}, "
+                         f"p50 {q(0.5):+.4f}, max {r[-1]:+.4f}")
+        if self.per_agent_turn:
+            cells = ", ".join(f"{a}@{t}: {n}" for (a, t), n in sorted(
+                self.per_agent_turn.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)))
+            lines.append(f"  transitions per agent@turn: {cells}")
+        lines += [f"  skipped {n} LLM call(s): {why}" for why, n in sorted(self.skipped.items())]
+        lines += [f"  note: {n} x {why}" for why, n in sorted(self.notes.items())]
+        lines += [f"  rejected reward: {where}" for where in self.rejected_rewards]
+        return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""``convert``: span files in, a transitions Parquet file out, by the route the input needs.
+
+* OTLP/JSON (the Collector's file exporter) is imported to span Parquet first;
+* span Parquet whose tasks are local in the input (as GRPO rollouts of one task run together)
+  streams (``streaming.py``): memory follows a batch and the tasks in flight;
+* a small input (at most ``max_rows_in_memory`` rows) that cannot stream is converted in
+  memory; a larger one is spilled to buckets by task and converted bucket by bucket
+  (``spill.py``), as is any input when retokenizing.
+
+Every route ends in ``stages.convert_rows``, the one implementation of the converter's
+semantics; ``spans_to_transitions`` is that function for a table already in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from agl_bridge.parquet_io import write_table_atomic
+from agl_bridge.trainer.conversion import reasons
+from agl_bridge.trainer.conversion.columns import columns_to_read
+from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig, MissingReward
+from agl_bridge.trainer.conversion.memory import short_lived_arrays
+from agl_bridge.trainer.conversion.sources import Source, otlp_json_files, read_spans, span_files
+from agl_bridge.trainer.conversion.spill import convert_spilled
+from agl_bridge.trainer.conversion.stages import convert_rows
+from agl_bridge.trainer.conversion.streaming import convert_streaming, stream_plan
+
+Progress = Callable[[int, int], None]
+
+
+def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *,
+                         missing_reward: MissingReward | None = None,
+                         source: str = "") -> tuple[pa.Table, ConversionStats]:
+    """Transitions from a span table (SPAN_SCHEMA columns; the required ones at least), and
+    what happened. ``source`` names where the rows came from, for messages."""
+    cfg = _config(config, missing_reward)
+    if not cfg.retokenize:
+        return convert_rows(spans, cfg, source)
+    from agl_bridge.trainer.conversion.retokenize import fill_ids
+
+    before = ConversionStats()
+    spans = fill_ids(spans, cfg.retokenize, before)
+    table, stats = convert_rows(spans, cfg, source)
+    stats.notes.update(before.notes)
+    return table, stats
+
+
+def convert(source: Source, out_path: str | os.PathLike[str],
+            config: ConvertConfig | None = None, *,
+            missing_reward: MissingReward | None = None,
+            max_rows_in_memory: int = 100_000, progress: Progress | None = None,
+            tune_allocators: bool = False) -> ConversionStats:
+    """Spans under ``source`` -> transitions Parquet at ``out_path`` (written atomically).
+
+    ``source``: span Parquet (a file, a directory tree of partitions, or a list), or OTLP/JSON
+    files as the OpenTelemetry Collector's file exporter writes them (``*.json``, ``*.jsonl``,
+    gzipped too, or a directory of them). Only the columns conversion uses are read.
+    ``progress(done, total)`` is called per batch read (streaming) or per bucket.
+    ``tune_allocators``: switch process-wide allocator settings for the call
+    (``memory.short_lived_arrays``; the ``agl-bridge convert`` command does).
+    """
+    cfg = _config(config, missing_reward)
+    if max_rows_in_memory < 1:
+        raise ValueError(f"max_rows_in_memory must be positive, got {max_rows_in_memory}")
+    if tune_allocators:
+        with short_lived_arrays():
+            return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress)
+    return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress)
+
+
+def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
+            ) -> ConvertConfig:
+    cfg = config or ConvertConfig()
+    if missing_reward is not None:
+        cfg = dataclasses.replace(cfg, missing_reward=missing_reward)
+    return cfg
+
+
+def _convert(source: Source, out_path: Path, cfg: ConvertConfig, max_rows_in_memory: int,
+             progress: Progress | None) -> ConversionStats:
+    otlp = otlp_json_files(source)
+    if otlp:
+        return _convert_otlp(source, otlp, out_path, cfg, max_rows_in_memory, progress)
+    return _convert_files(span_files(source), f" (under {source})", out_path, cfg,
+                          max_rows_in_memory, progress)
+
+
+def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
+                   max_rows_in_memory: int, progress: Progress | None) -> ConversionStats:
+    columns = columns_to_read(bool(cfg.retokenize))
+    if not cfg.retokenize:
+        plan = stream_plan(files, max_rows_in_memory, columns)
+        if plan is not None:
+            return convert_streaming(plan, out_path, cfg, columns, where, progress)
+    total_rows = 0
+    for path in files:
+        try:
+            total_rows += pq.ParquetFile(path).metadata.num_rows
+        except (pa.ArrowInvalid, OSError):
+            pass  # counted when read
+    if total_rows > max_rows_in_memory:
+        return convert_spilled(files, out_path, columns, total_rows, max_rows_in_memory,
+                               lambda t: spans_to_transitions(t, cfg, source=where), progress)
+    read = ConversionStats()
+    spans = read_spans(files, read, columns)
+    table, stats = spans_to_transitions(spans, cfg, source=where)
+    stats.notes.update(read.notes)
+    stats.files = read.files
+    if progress:
+        progress(1, 1)
+    write_table_atomic(table, out_path)
+    return stats
+
+
+def _convert_otlp(source: Source, otlp: list[Path], out_path: Path, cfg: ConvertConfig,
+                  max_rows_in_memory: int, progress: Progress | None) -> ConversionStats:
+    """OTLP/JSON files imported to span Parquet in a temporary directory, converted with the
+    Parquet among the sources."""
+    from agl_bridge.otel.parquet_writer import SpanParquetWriter
+    from agl_bridge.otel.receiver import import_otlp_json
+
+    sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    parquet = [s for s in sources if Path(s) not in otlp and not
+               (Path(s).is_dir() and all(p in otlp for p in Path(s).rglob("*") if p.is_file()))]
+    with tempfile.TemporaryDirectory(prefix="agl-bridge-otlp-") as tmp:
+        writer = SpanParquetWriter(tmp, background_rotation=False, recover=False)
+        summary = import_otlp_json(otlp, writer)
+        writer.close()
+        stats = _convert_files(span_files([tmp, *parquet]), f" (under {source})", out_path,
+                               cfg, max_rows_in_memory, progress)
+    if summary.lines_bad:
+        stats.notes[reasons.OTLP_LINE_BAD] += summary.lines_bad
+    return stats

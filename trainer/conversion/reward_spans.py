@@ -1,0 +1,113 @@
+"""Reward spans -> the rewards of each episode, summed per scope.
+
+Rewards are matched within their episode only, never by time across episodes (with episodes
+running concurrently, matching by time hands one episode's reward to another's calls).
+A non-finite reward is rejected with its place (episode, span, file).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from agl_bridge import semconv as sc
+from agl_bridge.trainer.conversion import reasons
+from agl_bridge.trainer.conversion.arrow import arr
+from agl_bridge.trainer.conversion.config import ConversionStats
+from agl_bridge.trainer.conversion.columns import episode_keys
+
+# the span columns reward matching reads
+REWARD_COLUMNS = ["trace_id", "span_id", "episode_id", "agent_name", "turn_index",
+                  "reward_value", "reward_scope"]
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A reward span reduced to what matching needs."""
+
+    episode: str
+    value: float
+    scope: str | None  # turn, agent, team, episode (None: episode)
+    agent: str | None = None
+    turn: int | None = None
+
+
+class EpisodeRewards:
+    """Rewards of one episode, summed per scope key."""
+
+    def __init__(self) -> None:
+        self.team = 0.0
+        self.has_team = False
+        self.agent: dict[str | None, float] = defaultdict(float)
+        self.turn: dict[tuple[str | None, int | None], float] = defaultdict(float)
+
+    def add(self, r: Reward) -> str | None:
+        """Add one reward; returns why it cannot be used, or None."""
+        scope = r.scope or sc.RewardScope.EPISODE
+        if scope in (sc.RewardScope.EPISODE, sc.RewardScope.TEAM):
+            self.team += r.value
+            self.has_team = True
+        elif scope == sc.RewardScope.AGENT:
+            if r.agent is None:
+                return reasons.AGENT_REWARD_WITHOUT_AGENT
+            self.agent[r.agent] += r.value
+        elif scope == sc.RewardScope.TURN:
+            if r.agent is None or r.turn is None:
+                return reasons.TURN_REWARD_WITHOUT_TURN
+            self.turn[(r.agent, r.turn)] += r.value
+        else:
+            return reasons.unknown_reward_scope(scope)
+        return None
+
+    def fill(self, value: float) -> None:
+        """An episode without a reward given ``value`` as its team reward (``missing_reward``)."""
+        self.team, self.has_team = float(value), True
+
+    def local(self, agent: str | None, turn: int | None) -> float:
+        """The rewards scoped to ``agent`` and to its ``turn``."""
+        return self.agent.get(agent, 0.0) + self.turn.get((agent, turn), 0.0)
+
+    @property
+    def has_local(self) -> bool:
+        return bool(self.agent or self.turn)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.has_team or self.agent or self.turn)
+
+
+def read_rewards(table: pa.Table, stats: ConversionStats, source: str = ""
+                 ) -> dict[str, EpisodeRewards]:
+    """Episode key -> its rewards, from the reward rows of ``table`` (``REWARD_COLUMNS``).
+    ``source`` names where the rows came from, for the rejected-reward messages."""
+    out: dict[str, EpisodeRewards] = defaultdict(EpisodeRewards)
+    if table.num_rows == 0:
+        return out
+    episodes = arr(episode_keys(table)).to_pylist()
+    values = table["reward_value"].to_pylist()
+    scopes = _column(table, "reward_scope")
+    agents, turns = _column(table, "agent_name"), _column(table, "turn_index")
+    span_ids = table["span_id"].to_pylist()
+    seen: set[str] = set()
+    for i, value in enumerate(values):
+        if span_ids[i] in seen:
+            stats.notes[reasons.DUPLICATE_SPAN] += 1
+            continue
+        seen.add(span_ids[i])
+        if not math.isfinite(value):
+            stats.notes[reasons.NON_FINITE_REWARD] += 1
+            if len(stats.rejected_rewards) < stats.MAX_LISTED:
+                stats.rejected_rewards.append(
+                    f"{value} in episode {episodes[i]}, span {span_ids[i]}{source}")
+            continue
+        why = out[episodes[i]].add(Reward(episodes[i], value, scopes[i], agents[i], turns[i]))
+        if why:
+            stats.notes[why + reasons.IGNORED_SUFFIX] += 1
+    return out
+
+
+def _column(table: pa.Table, name: str) -> list[object]:
+    return table[name].to_pylist() if name in table.column_names else [None] * table.num_rows

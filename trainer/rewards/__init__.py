@@ -1,0 +1,1 @@
+"""Rewards -> per-transition rewards, groups and advantages (pure functions, no torch)."""

@@ -1,0 +1,72 @@
+"""Credit assignment and grouping: per-transition rewards and group ids from arrays.
+
+Two algorithms, as in the design documents:
+
+* LightningRL (Agent Lightning): identical assignment. Every transition of an episode gets the
+  episode's reward (the sum of its episode- and team-scoped rewards); groups are tasks.
+* AT-GRPO (PettingLLMs): agent- and turn-wise. A transition's reward mixes the team's reward with
+  its own: ``r = alpha * team + local``, where ``local`` is the sum of the rewards scoped to its
+  agent and to its agent-turn. Groups are ``(task, agent, turn)``, so the K candidates sampled for
+  one agent-turn (tree sampling) are compared with each other and never with another task's.
+
+``gamma`` discounts the team reward over an agent's turns: turn t of an agent whose last turn in
+the episode is T gets ``gamma ** (T - t)`` of it (1.0: no discount).
+
+Pure functions of numpy and Arrow arrays: the converter (``agl_bridge.trainer.conversion``)
+gathers the inputs, these compute the numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+Algorithm = Literal["at_grpo", "lightning_rl"]
+AdvantageUnit = Literal["transition", "rollout"]
+ALGORITHMS: tuple[Algorithm, ...] = ("at_grpo", "lightning_rl")
+
+
+def discounted(team: np.ndarray, turn: np.ndarray, turn_valid: np.ndarray,
+               agent_episode: np.ndarray, gamma: float) -> np.ndarray:
+    """``team * gamma ** (T - t)`` per transition, T the last turn of its (episode, agent)
+    (``agent_episode``: a dense code per pair); transitions without a turn keep ``team``."""
+    if gamma == 1.0 or len(team) == 0:
+        return team
+    low = np.iinfo(np.int64).min
+    last = np.full(int(agent_episode.max()) + 1, low, np.int64)
+    np.maximum.at(last, agent_episode[turn_valid], turn[turn_valid])
+    last_t = last[agent_episode]
+    has = turn_valid & (last_t != low)
+    exps = np.where(has, last_t - turn, 0)
+    uniq, inv = np.unique(exps, return_inverse=True)
+    factor = np.array([gamma ** int(e) for e in uniq], np.float64)[inv.reshape(-1)]
+    return team * np.where(has, factor, 1.0)
+
+
+def transition_rewards(team: np.ndarray, local: np.ndarray, *, algorithm: Algorithm,
+                       alpha: float = 1.0) -> np.ndarray:
+    """LightningRL: the team reward; AT-GRPO: ``alpha * team + local``."""
+    if algorithm == "lightning_rl":
+        return team
+    return alpha * team + local
+
+
+def group_ids(task: pa.Array, episode: pa.Array, agent: pa.Array, turn: pa.Array,
+              algorithm: Algorithm) -> pa.Array:
+    """AT-GRPO: ``task:T|agent:A|turn:N``; LightningRL: ``task:T``. Without a task id the
+    episode stands in (``episode:E``), which makes a group of one: no signal, counted by the
+    converter, never merged into another task's group. A missing agent or turn reads None."""
+    def lit(s: str) -> pa.Scalar:
+        return pa.scalar(s, pa.string())
+
+    task_part = pc.if_else(pc.is_valid(task),
+                           pc.binary_join_element_wise(lit("task:"), task, lit("")),
+                           pc.binary_join_element_wise(lit("episode:"), episode, lit("")))
+    if algorithm == "lightning_rl":
+        return task_part
+    return pc.binary_join_element_wise(
+        task_part, lit("|agent:"), pc.fill_null(agent, lit("None")), lit("|turn:"),
+        pc.fill_null(pc.cast(turn, pa.string()), lit("None")), lit(""))

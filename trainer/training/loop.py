@@ -1,0 +1,316 @@
+"""The LoRA policy trainer: GRPO-family updates from transitions, shared or per-agent policies.
+
+Each run writes every trained adapter as a new version in standard PEFT format in its own
+directory (``<adapters_root>/<name>/v0001``, ``v0002``, ...) with metadata, so serving never
+reloads a directory in place, and a metrics line per step to ``metrics.jsonl``.
+
+Policies (as in AT-GRPO): ``shared`` (one adapter for all roles), ``per_agent_lora`` (one peft
+model holding one adapter per agent; each batch is routed to its agent's adapter, so an
+adapter only ever learns from its own agent's data), ``per_agent_model`` (a separate model and
+adapter per agent, trained one after the other).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import resource
+import shutil
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from agl_bridge._version import __version__
+from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, next_version_dir
+from agl_bridge.trainer.rewards.advantages import group_advantages
+from agl_bridge.trainer.training.checkpoints import load_checkpoint, save_checkpoint
+from agl_bridge.trainer.training.config import GRPOConfig, Policy, TrainResult
+from agl_bridge.trainer.training.data import batches, collate, read_transitions
+from agl_bridge.trainer.training.distributed import all_reduce_grads, world_and_rank
+from agl_bridge.trainer.training.losses import grpo_clip_loss, importance_weights
+from agl_bridge.trainer.training.model import (
+    completion_logprobs,
+    load_policy,
+    peft_name,
+    trainable,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def train_policy(
+    transitions: str | os.PathLike[str] | pa.Table,
+    base_model: str | os.PathLike[str],
+    adapters_root: str | os.PathLike[str],
+    *,
+    policy: Policy = "shared",
+    adapter_name: str = "policy",
+    config: GRPOConfig | None = None,
+    init_adapters: dict[str, str | os.PathLike[str]] | None = None,
+    metrics_path: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    keep_model: bool = False,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
+) -> TrainResult:
+    """One round of policy updates; returns the new adapter version of each trained adapter.
+
+    ``shared`` trains ``adapter_name``; the per-agent policies name each adapter after its
+    agent (transitions without an agent go to ``adapter_name``). ``init_adapters`` continues
+    from earlier versions (adapter name -> directory). With ``save_steps`` and
+    ``checkpoint_dir``, the run checkpoints every N optimizer steps; ``resume_from_checkpoint``
+    (a checkpoint directory, or True for the latest in ``checkpoint_dir``) continues it, with the
+    same batches and the same loss trajectory as a run that was never stopped.
+    """
+    cfg = config or GRPOConfig()
+    table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
+    if table.num_rows == 0:
+        raise ValueError("no transitions to train on (see the converter's skip counts)")
+    columns = ["prompt_ids", "completion_ids", "completion_mask", "reward", "group_id",
+               "behaviour_logprobs", "agent_name", "episode_id"]
+    if "advantage" in table.column_names:
+        columns.append("advantage")
+    rows = table.select(columns).to_pylist()
+    for i, r in enumerate(rows):
+        if not math.isfinite(r["reward"]):
+            raise ValueError(f"transition {i}: reward is {r['reward']}; refusing to train on it")
+    if not all(r.get("advantage") is not None for r in rows):
+        groups = np.unique([str(r["group_id"]) for r in rows], return_inverse=True)[1]
+        episodes = np.unique([str(r["episode_id"]) for r in rows], return_inverse=True)[1]
+        advs, _, _ = group_advantages(np.array([r["reward"] for r in rows]), groups, episodes,
+                                      eps=cfg.scale_rewards_eps)
+        for r, a in zip(rows, advs.tolist()):
+            r["advantage"] = a
+    for r in rows:
+        r["adapter"] = adapter_name if policy == "shared" else (r["agent_name"] or adapter_name)
+
+    metrics_file = Path(metrics_path) if metrics_path else None
+    if policy == "per_agent_model":
+        result = TrainResult({}, 0, [], metrics_file)
+        for name in sorted({r["adapter"] for r in rows}):
+            part = [r for r in rows if r["adapter"] == name]
+            sub = _train(part, base_model, adapters_root, [name], cfg, init_adapters or {},
+                         metrics_file, progress, keep_model=False,
+                         data=_data_range(transitions, table))
+            result.adapters.update(sub.adapters)
+            result.steps += sub.steps
+            result.metrics += sub.metrics
+        return result
+    names = sorted({r["adapter"] for r in rows})
+    return _train(rows, base_model, adapters_root, names, cfg, init_adapters or {}, metrics_file,
+                  progress, keep_model=keep_model, checkpoint_dir=checkpoint_dir,
+                  resume=resume_from_checkpoint, data=_data_range(transitions, table))
+
+
+def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[str],
+           cfg: GRPOConfig, init_adapters, metrics_file: Path | None, progress: bool,
+           keep_model: bool = False, checkpoint_dir=None, resume=None,
+           data: dict[str, Any] | None = None) -> TrainResult:
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    skipped_zero_variance = 0
+    if cfg.filter_zero_variance_groups:
+        by_group: dict[str, set[float]] = defaultdict(set)
+        for r in rows:
+            by_group[r["group_id"]].add(r["reward"])
+        flat = {g for g, values in by_group.items() if len(values) < 2}
+        skipped_zero_variance = sum(r["group_id"] in flat for r in rows)
+        rows = [r for r in rows if r["group_id"] not in flat]
+    model, device = load_policy(base_model, cfg, names, init_adapters)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    params = trainable(model)
+    # no weight decay (the HF and TRL default): an adapter without data must not move
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+    world, rank = world_and_rank()
+    eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
+    max_len = cfg.max_completion_length or max((len(r["completion_ids"]) for r in rows),
+                                               default=1)
+    lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
+
+    plan: list[tuple[str, list[int]]] = []  # (adapter, transition indices) per micro-batch
+    for _ in range(cfg.num_train_epochs):
+        epoch = []
+        for name in names:
+            mine = [i for i, r in enumerate(rows) if r["adapter"] == name]
+            epoch += [(name, b) for b in batches(mine, cfg.per_device_train_batch_size, rng,
+                                                  lengths if cfg.group_by_length else None)]
+        rng.shuffle(epoch)
+        plan += epoch
+    if world > 1:  # the same plan on every rank (same seed): each takes its share, equal counts
+        share = len(plan) // world
+        if share * world != len(plan):
+            logger.info("agl_bridge: %d micro-batch(es) left out to split evenly over %d ranks",
+                        len(plan) - share * world, world)
+        plan = plan[rank::world][:share]
+    bar = _progress(len(plan), progress and rank == 0)
+    old: dict[int, torch.Tensor] = {}  # logprobs under the pre-update policy, per transition
+    metrics: list[dict[str, Any]] = []
+    step = 0
+    start = 0
+    if resume:
+        start, step, metrics = load_checkpoint(resume, checkpoint_dir, model, optimizer, old)
+        bar.update(start)
+    optimizer.zero_grad(set_to_none=True)
+    for micro, (name, idx) in enumerate(plan):
+        if micro < start:
+            continue
+        if cfg.max_steps is not None and step >= cfg.max_steps:
+            break
+        t0 = time.perf_counter()
+        model.set_adapter(peft_name(name))
+        batch = collate([rows[i] for i in idx], pad_id, device)
+        logp = completion_logprobs(model, batch)
+        for j, i in enumerate(idx):  # first visit: on-policy (ratio 1); later epochs clip
+            old.setdefault(i, logp[j].detach().clone())
+        old_logp = torch.stack([old[i] for i in idx])
+        ref = None
+        if cfg.beta != 0.0:
+            with torch.no_grad(), model.disable_adapter():
+                ref = completion_logprobs(model, batch)
+        weights = None
+        if cfg.vllm_importance_sampling_correction and batch["has_behaviour"].any():
+            w = importance_weights(old_logp, batch["behaviour"], cfg.vllm_importance_sampling_cap)
+            weights = torch.where(batch["has_behaviour"] > 0, w, torch.ones_like(w))
+        adv = torch.tensor([rows[i]["advantage"] for i in idx], device=device)
+        loss, stats = grpo_clip_loss(logp, old_logp, adv, batch["loss_mask"],
+                                     epsilon_low=cfg.epsilon, epsilon_high=eps_high,
+                                     loss_type=cfg.loss_type, max_completion_length=max_len,
+                                     beta=cfg.beta, ref_logprobs=ref, weights=weights)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss.item()} at step {step} (adapter {name}, "
+                                     f"transitions {idx})")
+        (loss / cfg.gradient_accumulation_steps).backward()
+        last = micro == len(plan) - 1
+        grad_norm = float("nan")
+        checkpoint_due = False
+        if (micro + 1) % cfg.gradient_accumulation_steps == 0 or last:
+            if world > 1:
+                all_reduce_grads(params, world)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            checkpoint_due = cfg.save_steps and checkpoint_dir and step % cfg.save_steps == 0
+        n_tokens = float(batch["loss_mask"].sum())
+        rewards = [rows[i]["reward"] for i in idx]
+        advs = adv.float()
+        m: dict[str, Any] = {
+            "step": step, "micro_batch": micro, "adapter": name, "loss": float(loss.detach()),
+            "grad_norm": grad_norm, "reward_mean": sum(rewards) / len(rewards),
+            "reward_std": float(torch.tensor(rewards).std()) if len(rewards) > 1 else 0.0,
+            "advantage_mean": float(advs.mean()), "advantage_abs_mean": float(advs.abs().mean()),
+            "tokens": n_tokens, "tokens_per_s": n_tokens / (time.perf_counter() - t0),
+            "memory_mb": _memory_mb(device), "learning_rate": cfg.learning_rate,
+            "skipped_zero_variance": skipped_zero_variance, **stats,
+        }
+        gap = _behaviour_gap(logp, batch)
+        if gap is not None:
+            m["behaviour_logprob_abs_diff"] = gap
+        if world > 1:
+            m["rank"] = rank
+        metrics.append(m)
+        if metrics_file is not None and rank == 0:
+            metrics_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(metrics_file, "a") as f:
+                f.write(json.dumps(m) + "\n")
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['loss']:.4f}", adapter=name)
+        if checkpoint_due and rank == 0:  # right after an optimizer step
+            save_checkpoint(Path(checkpoint_dir), micro + 1, step, model, optimizer, old,
+                             metrics)
+    bar.close()
+    kept = model if keep_model else None
+    if rank != 0:  # every rank holds the same weights; one writes them
+        return TrainResult({}, step, metrics, metrics_file, kept)
+    adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
+                            sum(r["adapter"] == name for r in rows), step, metrics, data)
+                for name in names}
+    return TrainResult(adapters, step, metrics, metrics_file, kept)
+
+
+def _data_range(source, table: pa.Table) -> dict[str, Any]:
+    """What a version was trained on: the transitions file, rows, episodes and time span."""
+    info: dict[str, Any] = {"transitions_file": None if isinstance(source, pa.Table)
+                            else str(Path(source).resolve()), "rows": table.num_rows}
+    if "episode_id" in table.column_names:
+        info["episodes"] = len(set(table["episode_id"].to_pylist()))
+    if "start_time_unix_nano" in table.column_names and table.num_rows:
+        times = [t for t in table["start_time_unix_nano"].to_pylist() if t is not None]
+        if times:
+            info["first_start_unix_nano"], info["last_start_unix_nano"] = min(times), max(times)
+    return info
+
+
+def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_adapters,
+          n_transitions: int, steps: int, metrics: list[dict[str, Any]],
+          data: dict[str, Any] | None = None) -> Path:
+    """One adapter -> a new version directory (written to a temporary name, then renamed)."""
+    version, out_dir = next_version_dir(adapters_root, name)
+    tmp = out_dir.with_name(f".tmp-{uuid.uuid4().hex}-{out_dir.name}")
+    model.save_pretrained(str(tmp), selected_adapters=[peft_name(name)])
+    inner = tmp / peft_name(name)  # PEFT saves a non-default adapter in a subfolder
+    saved = inner if (inner / "adapter_config.json").exists() else tmp
+    mine = [m for m in metrics if m["adapter"] == name]
+    meta = {
+        "agl_bridge_version": __version__, "adapter_name": name, "version": version,
+        "base_model": str(Path(base_model).resolve()),
+        "base_model_fingerprint": base_model_fingerprint(base_model),
+        "init_adapter": str(init_adapters[name]) if name in init_adapters else None,
+        "transitions": n_transitions, "steps": steps, "config": asdict(cfg), "data": data,
+        "final_metrics": mine[-1] if mine else None, "created_unix": time.time(),
+    }
+    (saved / METADATA_FILE).write_text(json.dumps(meta, indent=2))
+    try:
+        saved.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def train_grpo(transitions, base_model, adapters_root, *, adapter_name: str = "policy",
+               config: GRPOConfig | None = None, init_adapter=None, progress: bool = True,
+               metrics_path=None) -> TrainResult:
+    """One adapter for everything (the shared policy)."""
+    return train_policy(transitions, base_model, adapters_root, policy="shared",
+                        adapter_name=adapter_name, config=config,
+                        init_adapters={adapter_name: init_adapter} if init_adapter else None,
+                        metrics_path=metrics_path, progress=progress)
+
+
+def _behaviour_gap(logp: torch.Tensor, batch: dict[str, torch.Tensor]) -> float | None:
+    """Mean |trainer logprob - sampler logprob| over tokens whose sampler logprob is known."""
+    known = batch["has_behaviour"] * batch["loss_mask"]
+    n = float(known.sum())
+    if n == 0:
+        return None
+    return float(((logp.detach() - batch["behaviour"]).abs() * known).sum() / n)
+
+
+def _memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _progress(total: int, enabled: bool):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm arrives with transformers; be quiet without it
+        enabled = False
+    if not enabled:
+        class _Null:
+            def update(self, n): ...
+            def set_postfix(self, **kw): ...
+            def close(self): ...
+        return _Null()
+    return tqdm(total=total, desc="grpo", unit="batch")

@@ -1,0 +1,79 @@
+"""The policy model: loading the base with its LoRA adapters, and completion log-probabilities."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+from agl_bridge.trainer.training.config import GRPOConfig
+from agl_bridge.trainer.training.losses import linear_token_logprobs, token_logprobs
+
+
+def completion_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Log-probabilities of the completion tokens. The LM head runs on completion positions only,
+    and (a plain linear head, the usual case) in tiles whose logits are recomputed in backward
+    (``linear_token_logprobs``): no [batch, completion, vocabulary] logits tensor is kept for
+    backward, which with gradient checkpointing was most of the step's live memory."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = getattr(lm, lm.base_model_prefix)  # the decoder stack without its LM head
+    head = model.get_output_embeddings()
+    hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                  use_cache=False).last_hidden_state
+    idx = batch["positions"].unsqueeze(-1).expand(-1, -1, hidden.size(-1))
+    picked = hidden.gather(1, idx)  # [B, C, H]
+    if type(head) is not torch.nn.Linear:  # e.g. a LoRA-wrapped head: its own forward
+        return token_logprobs(head(picked), batch["targets"])
+    b, c, h = picked.shape
+    return linear_token_logprobs(picked.reshape(b * c, h), head.weight,
+                                 batch["targets"].reshape(b * c), head.bias).view(b, c)
+
+
+def device_and_dtype(cfg: GRPOConfig) -> tuple[torch.device, torch.dtype]:
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16 if cfg.bf16 in (None, True) else torch.float32
+    return torch.device("cpu"), torch.bfloat16 if cfg.bf16 else torch.float32
+
+
+def load_policy(base_model, cfg: GRPOConfig, adapter_names: list[str],
+          init_adapters: dict[str, str | os.PathLike[str]]):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    device, dtype = device_and_dtype(cfg)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(device)
+    if cfg.gradient_checkpointing:
+        # non-reentrant (the default of transformers 5, not of 4.x): it needs no inputs that
+        # require grad, and recomputes only what backward asks for
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()  # what peft does anyway, and harmless
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
+    first, *rest = adapter_names
+    if first in init_adapters:
+        model = PeftModel.from_pretrained(model, str(init_adapters[first]),
+                                          adapter_name=peft_name(first), is_trainable=True)
+    else:
+        model = get_peft_model(model, lora, adapter_name=peft_name(first))
+    for name in rest:
+        if name in init_adapters:
+            model.load_adapter(str(init_adapters[name]), adapter_name=peft_name(name),
+                               is_trainable=True)
+        else:
+            model.add_adapter(peft_name(name), lora)
+    model.train()
+    return model, device
+
+
+def peft_name(name: str) -> str:
+    """Agent names are user data; PEFT adapter names become module keys and must not be part of
+    the ``lora_`` prefix (an adapter called ``a`` is reinitialised on load)."""
+    return "agl_" + re.sub(r"[^0-9A-Za-z_]", "_", name)
+
+
+def trainable(model) -> list[torch.nn.Parameter]:
+    # every adapter's LoRA weights (set_adapter marks only the active one trainable)
+    return [p for n, p in model.named_parameters() if "lora_" in n]
+
+
