@@ -48,6 +48,14 @@ def built_wheel(tmp_path_factory) -> Path:
     return wheel
 
 
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny random Llama model with its tokenizer (nothing downloaded), for the session."""
+    from agl_bridge.trainer.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
 @pytest.fixture
 def instrumented():
     """The OpenAI instrumentor on for one test (framework tests override this fixture)."""

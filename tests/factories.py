@@ -1,8 +1,9 @@
-"""Span rows and tables for converter tests: one LLM call, one reward, a table of them."""
+"""Rows and tables for tests: span rows (one LLM call, one reward, a table of them) and
+transition tables for the trainer."""
 
 import pyarrow as pa
 
-from agl_bridge.schema import SPAN_SCHEMA
+from agl_bridge.schema import SPAN_SCHEMA, TRANSITION_SCHEMA
 
 _N = iter(range(1, 10**9))
 
@@ -27,3 +28,16 @@ def reward(episode, t, value, *, scope="episode", trace="T", agent=None, turn=No
 def table(rows):
     full = [{f.name: r.get(f.name) for f in SPAN_SCHEMA} for r in rows]
     return pa.Table.from_pylist(full, schema=SPAN_SCHEMA)
+
+
+def transitions(rewards, groups=None, agents=None):
+    rows = []
+    for i, r in enumerate(rewards):
+        rows.append({"episode_id": f"e{i}", "task_id": "t",
+                     "agent_name": (agents or ["a"] * len(rewards))[i],
+                     "prompt_ids": [257, 40 + i, 41, 258], "completion_ids": [60 + i, 61, 62],
+                     "completion_mask": [1, 1, 1], "behaviour_logprobs": None, "reward": r,
+                     "group_id": (groups or ["task:t"] * len(rewards))[i],
+                     "advantage": None,
+                     "merged_calls": 1, "retokenized": False})
+    return pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA)

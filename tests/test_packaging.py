@@ -4,7 +4,10 @@ import sys
 
 def test_capture_path_never_imports_torch():
     code = ("import sys, agl_bridge, agl_bridge.otel, agl_bridge.integrations.openai, "
-            "agl_bridge.trainer.conversion; "
+            "agl_bridge.trainer.conversion, agl_bridge.trainer.rewards.advantages, "
+            "agl_bridge.trainer.adapters, agl_bridge.trainer.serving.publisher, "
+            "agl_bridge.trainer.training.report, agl_bridge.trainer.training.config, "
+            "agl_bridge.trainer.training, agl_bridge.cli; "
             "bad = [m for m in ('torch', 'transformers', 'peft', 'vllm') if m in sys.modules]; "
             "print(bad); assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

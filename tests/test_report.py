@@ -242,7 +242,7 @@ def test_report_on_metrics_from_the_real_trainer(tmp_path):
     from agl_bridge.trainer.training.report import report
     from agl_bridge.trainer.models.tiny import build_tiny_model
     from agl_bridge.trainer.training import GRPOConfig, train_policy
-    from tests.test_train import transitions
+    from tests.factories import transitions
 
     model = build_tiny_model(tmp_path / "model")
     run_dir = tmp_path / "run"

@@ -7,27 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, latest_adapter
 from agl_bridge.trainer.training import GRPOConfig, train_grpo
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def transitions(rewards, groups=None, agents=None):
-    rows = []
-    for i, r in enumerate(rewards):
-        rows.append({"episode_id": f"e{i}", "task_id": "t",
-                     "agent_name": (agents or ["a"] * len(rewards))[i],
-                     "prompt_ids": [257, 40 + i, 41, 258], "completion_ids": [60 + i, 61, 62],
-                     "completion_mask": [1, 1, 1], "behaviour_logprobs": None, "reward": r,
-                     "group_id": (groups or ["task:t"] * len(rewards))[i],
-                     "advantage": None,
-                     "merged_calls": 1, "retokenized": False})
-    return pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA)
+from tests.factories import transitions
 
 
 def test_only_lora_weights_change_and_versions_accumulate(tiny, tmp_path):

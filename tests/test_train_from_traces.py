@@ -9,13 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import agl_bridge
-from agl_bridge.trainer.models.tiny import build_tiny_model
 from tests.factories import llm, reward, table
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture

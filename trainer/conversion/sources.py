@@ -64,12 +64,25 @@ def type_problems(schema: pa.Schema, columns: Iterable[str]) -> list[str]:
         if name not in schema.names:
             continue
         got, want = schema.field(name).type, SPAN_SCHEMA.field(name).type
-        if got == want or pa.types.is_null(got):
-            continue
-        if pa.types.is_list(got) and pa.types.is_list(want) and got.value_type == want.value_type:
-            continue
-        problems.append(f"column {name!r} is {got}, expected {want}")
+        if not _fits(got, want):
+            problems.append(f"column {name!r} is {got}, expected {want}")
     return problems
+
+
+def _fits(got: pa.DataType, want: pa.DataType) -> bool:
+    """Same type, or numbers of another width (cast on read; a value that does not fit
+    makes the file unreadable, named), lists of such, or the null type."""
+    if got == want or pa.types.is_null(got):
+        return True
+    if pa.types.is_list(got) or pa.types.is_large_list(got):
+        return pa.types.is_list(want) and _fits(got.value_type, want.value_type)
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(got)
+    if pa.types.is_floating(want):
+        return pa.types.is_floating(got) or pa.types.is_integer(got)
+    if pa.types.is_string(want):
+        return pa.types.is_large_string(got)
+    return False
 
 
 def check_file(path: Path, columns: Sequence[str]) -> pq.ParquetFile:
@@ -94,7 +107,8 @@ def read_tables(files: Iterable[Path], stats: ConversionStats | None,
     for path in files:
         try:
             pf = check_file(path, wanted)
-            table = pf.read(columns=[c for c in wanted if c in pf.schema_arrow.names])
+            table = conform_types(pf.read(columns=[c for c in wanted
+                                                   if c in pf.schema_arrow.names]))
         except SchemaError:
             raise
         except (pa.ArrowInvalid, OSError, WrongTypes) as exc:
@@ -104,7 +118,7 @@ def read_tables(files: Iterable[Path], stats: ConversionStats | None,
             continue
         if stats is not None:
             stats.files += 1
-        yield conform_types(table)
+        yield table
 
 
 def why(exc: Exception) -> str:

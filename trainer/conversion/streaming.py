@@ -34,7 +34,7 @@ from agl_bridge.trainer.conversion.arrow import arr, codes, lit, np_array, to_nu
 from agl_bridge.trainer.conversion.columns import conform, episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.conversion.memory import release_memory
-from agl_bridge.trainer.conversion.sources import WrongTypes, check_file, why
+from agl_bridge.trainer.conversion.sources import WrongTypes, check_file, conform_types, why
 from agl_bridge.trainer.conversion.stages import convert_rows
 
 @dataclass
@@ -131,9 +131,9 @@ def _plan_file(path: Path, columns: Sequence[str]) -> tuple[Any, ...] | str:
     try:
         pf = check_file(path, columns)
         names = pf.schema_arrow.names
-        t = pf.read(columns=[c for c in _PLAN_COLUMNS if c in names and
-                             (c != "trace_id" or _may_be_null(pf, "episode_id"))],
-                    use_threads=False)
+        t = conform_types(pf.read(columns=[c for c in _PLAN_COLUMNS if c in names and
+                                           (c != "trace_id" or _may_be_null(pf, "episode_id"))],
+                                  use_threads=False))
     except SchemaError:
         raise
     except (pa.ArrowInvalid, OSError, WrongTypes) as exc:

@@ -64,7 +64,7 @@ def group_advantages(reward: np.ndarray, group: np.ndarray, episode: np.ndarray,
     e_sorted = np.asarray(episode)[order].tolist() if unit == "rollout" else None
     mean = np.zeros(n_groups)
     std = np.zeros(n_groups)
-    factor = np.ones(n_groups)  # a power of two the group's values were divided by
+    shift = np.zeros(n_groups, np.int64)  # the group's values were divided by 2**shift
     use = np.zeros(n_groups, bool)
     zero_var = 0
     fsum, sqrt = math.fsum, math.sqrt
@@ -84,25 +84,25 @@ def group_advantages(reward: np.ndarray, group: np.ndarray, episode: np.ndarray,
         if min(values) == max(values):  # exactly: fsum([0.1] * 3) / 3 is not 0.1
             zero_var += 1
             continue
-        f = 1.0
+        e = 0
         big = max(abs(min(values)), abs(max(values)))
         if big > _BIG:
-            f = math.ldexp(1.0, math.frexp(big)[1])
-            values = [v / f for v in values]
+            e = math.frexp(big)[1]
+            values = [math.ldexp(v, -e) for v in values]
         mu = fsum(values) / m
         sd = sqrt(fsum((v - mu) ** 2 for v in values) / (m - 1))
         if sd == 0.0:
             zero_var += 1
             continue
-        mean[k], std[k], factor[k], use[k] = mu, sd, f, True
+        mean[k], std[k], shift[k], use[k] = mu, sd, e, True
     gk = np.repeat(np.arange(n_groups), ends - starts)
-    f_t = factor[gk]
-    centred = np.asarray(r_sorted) / f_t - mean[gk]  # exact division: f is a power of two
-    with np.errstate(over="ignore", invalid="ignore"):
+    e_t = shift[gk]
+    centred = np.ldexp(np.asarray(r_sorted), -e_t) - mean[gk]  # exact: powers of two
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         if scale:
-            adv_sorted = centred / (std[gk] + eps / f_t)
+            adv_sorted = centred / (std[gk] + np.ldexp(eps, -e_t))
         else:
             big_float = np.finfo(np.float64).max
-            adv_sorted = np.clip(centred * f_t, -big_float, big_float)
+            adv_sorted = np.clip(np.ldexp(centred, e_t), -big_float, big_float)
     out[order] = np.where(use[gk], adv_sorted, 0.0)
     return out, n_groups, zero_var
