@@ -28,7 +28,8 @@ from agl_bridge.tools import tool
 
 
 def train_from_traces(traces, base_model, **kwargs):
-    """Convert traces and train LoRA adapters; see ``agl_bridge.trainer.training.from_traces.train_from_traces``.
+    """Convert traces and train LoRA adapters; see
+    ``agl_bridge.trainer.training.from_traces.train_from_traces``.
 
     Imported on call, so that capture never imports torch.
     """

@@ -84,7 +84,11 @@ def _train(args: argparse.Namespace) -> int:
 def _read_config(path: str) -> dict:
     """A JSON or TOML file of options (TRL-style names, plus algorithm and policy)."""
     import json
-    import tomllib
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
 
     text = open(path, "rb").read()
     try:

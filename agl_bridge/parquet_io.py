@@ -29,10 +29,9 @@ def writer_options(schema: pa.Schema) -> dict:
     * Dictionary encoding only for string columns (names, ids, versions repeat). Token ids and
       logprobs gain nothing from a dictionary: writing them with one took twice as long.
     * ``BYTE_STREAM_SPLIT`` for the numbers inside lists (token ids, logprobs): byte planes
-      compress better (token ids use two or three of their four bytes). Measured on the
-      converter benchmark's transitions (373k rows): 339 MB instead of 408, written in 3.2 s
-      instead of 4.0, read in 3.4 s instead of 5.5; span files write 2.3x faster. Readers:
-      Arrow 17+, DuckDB 1.1+ (numbers other than floats).
+      compress better (token ids use two or three of their four bytes), and write and read
+      faster (figures: benchmarks/README_convert.md). Readers: Arrow 17+, DuckDB 1.1+
+      (numbers other than floats).
     * Min/max statistics only for scalar columns: those of id lists serve no query.
     """
     dictionary, encoding, statistics = [], {}, []
@@ -42,7 +41,7 @@ def writer_options(schema: pa.Schema) -> dict:
             dictionary.append(f.name)
         if pa.types.is_list(t) or pa.types.is_large_list(t):
             v = t.value_type
-            if pa.types.is_integer(v) and v.bit_width >= 32 or pa.types.is_floating(v):
+            if (pa.types.is_integer(v) and v.bit_width >= 32) or pa.types.is_floating(v):
                 encoding[f"{f.name}.list.element"] = "BYTE_STREAM_SPLIT"  # Parquet's path
         elif not pa.types.is_nested(t):
             statistics.append(f.name)

@@ -21,9 +21,8 @@ TRANSITION_SCHEMA_VERSION = 3  # 3: no nulls inside its lists
 def values_list(value_type: pa.DataType) -> pa.DataType:
     """A list whose values are never null (token ids, logprobs, masks; the list itself may be).
 
-    Declared so because Parquet then stores one level fewer per value: reading token ids
-    without a validity bitmap took 0.20-0.27 s instead of 0.33-0.44 s (282k span rows, 37M
-    prompt ids), and writing is cheaper too. Promotion (``otel.rows``) only ever puts whole
+    Declared so because Parquet then stores one level fewer per value and readers build no
+    validity bitmap (figures: benchmarks/README_convert.md). Promotion (``otel.rows``) only ever puts whole
     lists of numbers here; a list with a None stays in the attributes JSON.
     """
     return pa.list_(pa.field("element", value_type, nullable=False))

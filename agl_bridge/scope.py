@@ -16,7 +16,7 @@ import numbers
 import uuid
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -37,7 +37,12 @@ def tracer() -> trace.Tracer:
 
 def current_scope() -> Mapping[str, Any]:
     """The scope in force here: keys of ``semconv.SCOPE_ATTRIBUTES`` that are set."""
-    return otel_context.get_value(_SCOPE_KEY) or _EMPTY
+    return _scope(otel_context.get_value(_SCOPE_KEY))
+
+
+def _scope(value: object) -> Mapping[str, Any]:
+    """The scope stored in a context (only this module stores it: no check on the hot path)."""
+    return cast(Mapping[str, Any], value or _EMPTY)
 
 
 def scope_attributes() -> dict[str, Any]:
@@ -52,13 +57,13 @@ def context_with_scope(ctx: otel_context.Context | None = None, **scope: Any
     For integrations that see a framework's start and end callbacks instead of a block of code:
     they ``attach`` the returned context at start and ``detach`` it at the end.
     """
-    base = otel_context.get_value(_SCOPE_KEY, ctx) or _EMPTY
+    base = _scope(otel_context.get_value(_SCOPE_KEY, ctx))
     merged = MappingProxyType({**base, **{k: v for k, v in scope.items() if v is not None}})
     return otel_context.set_value(_SCOPE_KEY, merged, ctx)
 
 
 def scope_of(ctx: otel_context.Context) -> Mapping[str, Any]:
-    return otel_context.get_value(_SCOPE_KEY, ctx) or _EMPTY
+    return _scope(otel_context.get_value(_SCOPE_KEY, ctx))
 
 
 @contextlib.contextmanager

@@ -283,7 +283,7 @@ def _floor_sync(tracer, client, stream: bool):
                                                 max_tokens=64, stream=stream)
         if stream:
             last = None
-            for last in result:
+            for last in result:  # noqa: B007 - drain the stream, keep its last chunk
                 pass
             result = last
         span.set_attribute("gen_ai.response.id", result.id)

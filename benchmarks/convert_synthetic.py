@@ -75,7 +75,8 @@ RESOURCE = {"service.name": SERVICE, "telemetry.sdk.language": "python",
 
 def writer_fingerprint(fmt: str) -> str | None:
     """Ours: a digest of how span Parquet is encoded (``parquet_io.writer_options`` and the
-    schema), so that a cached set written with other encodings or types is regenerated. The peer's pickles: none."""
+    schema), so that a cached set written with other encodings or types is regenerated. The
+    peer's pickles: none."""
     if fmt != "ours":
         return None
     import hashlib
@@ -218,9 +219,8 @@ def iter_export_order(n_episodes: int, seed: int, pools: Pools) -> Iterator[SynS
 
 # -- our format ---------------------------------------------------------------------------------
 def _ours_row(s: SynSpan) -> dict[str, Any]:
-    from agl_bridge.otel.rows import build_row
-
     from agl_bridge import semconv as sc
+    from agl_bridge.otel.rows import build_row
 
     attrs: dict[str, Any] = {sc.EPISODE_ID: s.episode_id, sc.TASK_ID: s.task_id}
     if s.agent is not None:

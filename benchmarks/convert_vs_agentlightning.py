@@ -64,7 +64,7 @@ from typing import Any
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
-import convert_synthetic as syn  # stdlib-only at import: runs in both venvs
+import convert_synthetic as syn  # noqa: E402 - stdlib-only at import: runs in both venvs
 
 PEER_VENV = REPO / ".cache" / "venv-agentlightning"
 PEER_SPEC = "agentlightning==0.3.0"

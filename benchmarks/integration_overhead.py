@@ -127,9 +127,9 @@ def _autogen_step():
 def worker(framework: str, pairs: int, runs: int, aa: bool) -> dict:
     """In one process: pairs of blocks on/off in random order; CPU and wall seconds per run."""
 
-    from agl_bridge.integrations.openai import OpenAIInstrumentor
-
     from discard_spans import install_discarding_provider
+
+    from agl_bridge.integrations.openai import OpenAIInstrumentor
 
     provider, Discard = install_discarding_provider()
     if framework == "langgraph":

@@ -31,11 +31,11 @@ import openai
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_models import ensure_model  # noqa: E402
+from train_models import ensure_model
 
-from agl_bridge.aliases import AliasTable  # noqa: E402
-from agl_bridge.trainer.serving.publisher import _post, load_and_probe, validate_adapter  # noqa: E402
-from agl_bridge.trainer.serving.vllm_server import VLLMServer  # noqa: E402
+from agl_bridge.aliases import AliasTable
+from agl_bridge.trainer.serving.publisher import _post, load_and_probe, validate_adapter
+from agl_bridge.trainer.serving.vllm_server import VLLMServer
 
 
 def make_adapter(model, out: Path, seed: int) -> float:

@@ -344,10 +344,8 @@ def _clean_env() -> dict[str, str]:
 
 def ensure_trl_venv(log) -> tuple[Path | None, str]:
     """(python of the TRL venv, description) or (None, why it is unavailable)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     import re
-    from importlib.metadata import requires
+    from importlib.metadata import PackageNotFoundError, requires, version
 
     # agl_bridge's own (capture) dependencies too, so `import agl_bridge` works there
     base = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in (requires("agl-bridge") or [])
@@ -593,7 +591,9 @@ def main() -> None:
           + ", ".join(f"{t} {w}" for t, w in widths.items()))
     print(f"{steps} steps per process, first {args.warmup} warm-up; {repeats} fresh process(es) "
           f"per configuration, interleaved; medians over steps, then over processes")
-    print(f"ours runs in {pythons['ours'].parent.parent.relative_to(REPO) if pythons['ours'].is_relative_to(REPO) else pythons['ours']}"
+    ours = pythons["ours"]
+    where = ours.parent.parent.relative_to(REPO) if ours.is_relative_to(REPO) else ours
+    print(f"ours runs in {where}"
           f"; TRL venv: {venv_note}")
     vers = {t: next((r["versions"] for (tt, _), rs in results.items() if tt == t for r in rs
                      if "versions" in r), {}) for t in trainers}

@@ -29,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import openai  # noqa: E402
+import openai
 
-from agl_bridge.trainer.serving.publisher import publish_adapter  # noqa: E402
-from agl_bridge.trainer.serving.vllm_cpu_lora import ENV  # noqa: E402
-from agl_bridge.trainer.serving.vllm_server import VLLMServer  # noqa: E402
+from agl_bridge.trainer.serving.publisher import publish_adapter
+from agl_bridge.trainer.serving.vllm_cpu_lora import ENV
+from agl_bridge.trainer.serving.vllm_server import VLLMServer
 
 
 async def load(base_url: str, models: list[str], n: int, max_tokens: int):

@@ -1,9 +1,9 @@
 """A two-agent team written with the plain openai client: a solver answers, a checker reviews.
 
 This is "user code": it knows nothing of training. The only agl-bridge calls are the scoping API
-(episode, agent, turn) and ``emit_reward``; capture is switched on from outside through
-environment variables read by ``agl_bridge.otel.configure_tracing`` below (the zero-code
-``AGL_BRIDGE_AUTO=1`` hook makes even these two lines unnecessary once it lands).
+(episode, agent, turn) and ``emit_reward``; capture is set up explicitly with
+``agl_bridge.otel.configure_tracing`` below (``AGL_BRIDGE_AUTO=1`` would make even those two
+lines unnecessary; see ``quickstart.py``).
 
 The task is a toy with a verifiable reward a tiny random model can learn: answer a question
 using as many lowercase letters as possible. Run with ``--help`` for options.

@@ -1,8 +1,8 @@
 """Zero-code activation: ``AGL_BRIDGE_AUTO=1 python app.py``, with no import or code change.
 
 The wheel ships ``agl_bridge_auto.pth``; Python runs its one line at start-up, and that line
-imports this module only when ``AGL_BRIDGE_AUTO`` is 1/true/yes/on; unset, the hook costs about
-0.06 ms per start (Python compiling the line; see benchmarks/startup_hook.py). ``activate`` then
+imports this module only when ``AGL_BRIDGE_AUTO`` is 1/true/yes/on; unset, the hook costs only
+Python compiling the line (measured: benchmarks/startup_hook.py). ``activate`` then
 
 * sets up export from the environment (``OTEL_TRACES_EXPORTER``: ``parquet`` by default,
   ``otlp``, or both; ``AGL_BRIDGE_PARQUET_DIR``; ``OTEL_SERVICE_NAME``; the standard

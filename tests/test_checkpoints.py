@@ -50,7 +50,7 @@ def test_a_pickled_checkpoint_is_refused_without_running_it(tiny, tmp_path):
     crafted = tmp_path / "ckpt" / "checkpoint-5"
     crafted.mkdir(parents=True)
     (crafted / "state.pt").write_bytes(pickle.dumps({"x": _Payload(str(marker))}))
-    with pytest.raises(ValueError, match="pickled checkpoint .* not loaded"):
+    with pytest.raises(ValueError, match=r"pickled checkpoint .* not loaded"):
         resume(tiny, tmp_path, transitions([1.0, 0.0]), crafted)
     assert not marker.exists()
 

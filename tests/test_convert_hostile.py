@@ -9,8 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge.schema import SPAN_SCHEMA
-from agl_bridge.trainer.conversion import ConvertConfig, convert, spans_to_transitions
-from agl_bridge.trainer.conversion import reasons
+from agl_bridge.trainer.conversion import ConvertConfig, convert, reasons, spans_to_transitions
 from tests.factories import llm, reward, table
 
 

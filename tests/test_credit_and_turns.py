@@ -86,10 +86,10 @@ def test_turns_come_from_the_coordination_round_when_spans_carry_no_turn():
 
 
 def test_turns_from_rounds_of_real_spans(spans):
-    import agl_bridge
-    from agl_bridge import semconv as sc
     from opentelemetry import trace
 
+    import agl_bridge
+    from agl_bridge import semconv as sc
     from agl_bridge.otel.parquet_exporter import spans_to_table
 
     def call(prompt, completion):  # an instrumentor's span: the scope processor stamps it

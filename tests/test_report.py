@@ -239,9 +239,9 @@ def test_appended_rounds_and_stale_panels(tmp_path):
 
 
 def test_report_on_metrics_from_the_real_trainer(tmp_path):
-    from agl_bridge.trainer.training.report import report
     from agl_bridge.trainer.models.tiny import build_tiny_model
     from agl_bridge.trainer.training import GRPOConfig, train_policy
+    from agl_bridge.trainer.training.report import report
     from tests.factories import transitions
 
     model = build_tiny_model(tmp_path / "model")

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from agl_bridge import semconv as sc
+from agl_bridge.trainer.conversion import ConvertConfig, spans_to_transitions
 from agl_bridge.trainer.conversion.retokenize import chat_messages
 from agl_bridge.trainer.models.tiny import build_tiny_model
-from agl_bridge.trainer.conversion import ConvertConfig, spans_to_transitions
 from tests.factories import llm, reward, table
 
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, latest_adapter
 from agl_bridge.trainer.training import GRPOConfig, train_grpo
 from tests.factories import transitions
@@ -31,7 +30,8 @@ def test_only_lora_weights_change_and_versions_accumulate(tiny, tmp_path):
 
     second = train_grpo(transitions([0.0, 1.0]), tiny, tmp_path, adapter_name="solver",
                         config=cfg, init_adapter=first.adapter_dir, progress=False)
-    assert second.adapter_dir.name == "v0002" and latest_adapter(tmp_path, "solver") == second.adapter_dir
+    assert second.adapter_dir.name == "v0002"
+    assert latest_adapter(tmp_path, "solver") == second.adapter_dir
     assert json.loads((second.adapter_dir / METADATA_FILE).read_text())["init_adapter"] == str(
         first.adapter_dir)
 

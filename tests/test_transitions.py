@@ -5,9 +5,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge.parquet_io import SchemaError
-from agl_bridge.schema import SPAN_SCHEMA, TRANSITION_SCHEMA
+from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.conversion import convert, read_spans, spans_to_transitions
 from tests.factories import llm, reward, table
+
 
 def test_episode_reward_reaches_every_call_of_its_episode_only():
     # two episodes interleaved in time, as concurrent rollouts are: rewards must not cross

@@ -154,3 +154,28 @@ def test_otlp_export_to_our_receiver_by_environment_only(wheel_python, tmp_path,
     def key(rows):
         return sorted((r["span_id"], r["name"], r["attributes"]) for r in rows)
     assert key(received) == key(local)  # both exporters wrote the same spans
+
+
+def test_the_quickstart_example_runs_captured_and_converts(wheel_python, tmp_path):
+    """examples/quickstart.py as its docstring says to run it: captured under AGL_BRIDGE_AUTO=1,
+    its spans convert to one transition per episode with the program's own rewards."""
+    from agl_bridge.trainer.conversion import convert
+
+    answers = iter(["5", "no idea", "13", "it is 13"])
+    with ScriptedServer(vllm=True, completion_ids=[7, 8],
+                        script=lambda body: (next(answers), [])) as server:
+        clean = {k: v for k, v in os.environ.items()
+                 if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
+        out = subprocess.run(
+            [str(wheel_python), str(ROOT / "examples" / "quickstart.py"), "--base-url",
+             server.base_url], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env={**clean, "AGL_BRIDGE_AUTO": "1",
+                 "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["q1: '5'", "q1: 'no idea'", "q2: '13'", "q2: 'it is 13'"]
+    stats = convert(tmp_path / "traces", tmp_path / "t.parquet")
+    got = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert stats.transitions == 4 and stats.groups == 2 and stats.zero_variance_groups == 1
+    assert sorted((t["task_id"], t["reward"]) for t in got) == [
+        ("q1", 0.0), ("q1", 1.0), ("q2", 1.0), ("q2", 1.0)]
+    assert all(t["completion_ids"] == [7, 8] and t["agent_name"] == "solver" for t in got)

@@ -20,7 +20,8 @@ if "--own-provider" in sys.argv:
     trace.set_tracer_provider(provider)
 
 client = openai.OpenAI(base_url=base_url, api_key="k")
-reply = client.chat.completions.create(model="solver", messages=[{"role": "user", "content": "1+1"}])
+reply = client.chat.completions.create(model="solver",
+                                       messages=[{"role": "user", "content": "1+1"}])
 print(reply.choices[0].message.content)
 
 

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from agl_bridge.schema import values_list
 
-_NUMPY_TYPES = {name: np.dtype(name) for name in (
+_NUMPY_TYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
 _NUMPY_TYPES.update({"float": np.dtype(np.float32), "double": np.dtype(np.float64)})
 

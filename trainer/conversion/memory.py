@@ -10,10 +10,11 @@ command does, and a library caller may (``convert(..., tune_allocators=True)``).
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -22,7 +23,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
     if os.name != "posix":
         return None
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+        return cast(Callable[[int], int], ctypes.CDLL("libc.so.6").malloc_trim)
     except (OSError, AttributeError):
         return None
 
@@ -79,11 +80,13 @@ def short_lived_arrays() -> Iterator[None]:
 
 
 def _hugepage_switch() -> Callable[[bool], bool] | None:
-    try:
-        from numpy._core.multiarray import _set_madvise_hugepage
-    except ImportError:
+    """numpy's private switch (numpy 2: ``numpy._core``, 1.x: ``numpy.core``), if it exists."""
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
         try:
-            from numpy.core.multiarray import _set_madvise_hugepage  # numpy 1.x
+            module = importlib.import_module(name)
         except ImportError:
-            return None
-    return _set_madvise_hugepage  # type: ignore[no-any-return]
+            continue
+        switch = getattr(module, "_set_madvise_hugepage", None)
+        if switch is not None:
+            return cast(Callable[[bool], bool], switch)
+    return None

@@ -70,8 +70,8 @@ class Retokenizer:
         outputs = json.loads(raw_out) if isinstance(raw_out, str) else raw_out
         if not outputs:
             return None
-        prompt = self.tokenizer.apply_chat_template(chat_messages(inputs),
-                                                    add_generation_prompt=True, tokenize=True)
+        prompt: Any = self.tokenizer.apply_chat_template(
+            chat_messages(inputs), add_generation_prompt=True, tokenize=True)
         if hasattr(prompt, "keys"):  # transformers 5 returns an encoding
             prompt = prompt["input_ids"]
         first = outputs[0]
@@ -107,7 +107,8 @@ def fill_ids(spans: pa.Table, tokenizer_dir: str | os.PathLike[str],
             continue
         seen.add(ident)
         try:
-            rebuilt = retokenizer.ids(json.loads(attributes[i]) if attributes[i] else {})
+            raw = attributes[i]
+            rebuilt = retokenizer.ids(json.loads(raw) if raw else {})
         except (ValueError, TypeError, KeyError) as exc:
             stats.notes[reasons.retokenize_failed(type(exc).__name__)] += 1
             continue

@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from agl_bridge import semconv as sc
 from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.arrow import arr
-from agl_bridge.trainer.conversion.config import ConversionStats
 from agl_bridge.trainer.conversion.columns import episode_keys
+from agl_bridge.trainer.conversion.config import ConversionStats
 
 # the span columns reward matching reads
 REWARD_COLUMNS = ["trace_id", "span_id", "episode_id", "agent_name", "turn_index",
@@ -88,8 +89,9 @@ def read_rewards(table: pa.Table, stats: ConversionStats, source: str = ""
         return out
     episodes = arr(episode_keys(table)).to_pylist()
     values = table["reward_value"].to_pylist()
-    scopes = _column(table, "reward_scope")
-    agents, turns = _column(table, "agent_name"), _column(table, "turn_index")
+    scopes: list[str | None] = _column(table, "reward_scope")
+    agents: list[str | None] = _column(table, "agent_name")
+    turns: list[int | None] = _column(table, "turn_index")
     span_ids = table["span_id"].to_pylist()
     seen: set[str] = set()
     for i, value in enumerate(values):
@@ -109,5 +111,5 @@ def read_rewards(table: pa.Table, stats: ConversionStats, source: str = ""
     return out
 
 
-def _column(table: pa.Table, name: str) -> list[object]:
+def _column(table: pa.Table, name: str) -> list[Any]:
     return table[name].to_pylist() if name in table.column_names else [None] * table.num_rows

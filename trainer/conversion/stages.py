@@ -23,7 +23,6 @@ inference where spans carry no turn) or per group (advantages).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np

@@ -37,6 +37,7 @@ from agl_bridge.trainer.conversion.memory import release_memory
 from agl_bridge.trainer.conversion.sources import WrongTypes, check_file, conform_types, why
 from agl_bridge.trainer.conversion.stages import convert_rows
 
+
 @dataclass
 class StreamPlan:
     files: list[tuple[Path, int, str | None]]  # path, first row's position, why unreadable
@@ -73,7 +74,8 @@ def stream_plan(files: list[Path], max_rows_in_memory: int, columns: Sequence[st
     about half a second)."""
     batch_rows = max(1, min(16_384, max_rows_in_memory // 2))
     keys, firsts, lasts, counts, pair_eps, pair_tasks = [], [], [], [], [], []
-    plan_files, boundaries = [], []
+    plan_files: list[tuple[Path, int, str | None]] = []
+    boundaries: list[int] = []
     pos = 0
     for path, summary in _map_files(lambda p: _plan_file(p, columns), files):
         if isinstance(summary, str):  # unreadable: counted (and named) in the second pass
@@ -244,7 +246,7 @@ def _read_ahead(plan: StreamPlan, columns: list[str]) -> Iterator[tuple]:
                     names = set(pf.schema_arrow.names)
                     # decoded in this thread alone: Arrow's pool would add two more
                     # threads on cores the converter and the writer already keep busy
-                    # (six alternating pairs: 5.95 vs 6.17 s mean wall, 30-40 MiB less RSS)
+                    # (benchmarks/README_convert.md)
                     for batch in pf.iter_batches(batch_size=plan.batch_rows, use_threads=False,
                                                  columns=[c for c in columns if c in names]):
                         put(("batch", path, conform(pa.Table.from_batches([batch])),
@@ -256,7 +258,7 @@ def _read_ahead(plan: StreamPlan, columns: list[str]) -> Iterator[tuple]:
                     put(("unreadable", path, why(exc)))
                     continue
                 put(("read", path))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:
             put(("error", exc))
         put(("end",))
 

@@ -7,8 +7,9 @@
    GPU) with runtime LoRA loading;
 2. tasks: procedurally generated additions; a held-out set of ``--eval-tasks`` questions that no
    training round ever samples;
-3. baseline: the team (``agl_bridge.trainer.loop.teams.arith``, AutoGen AgentChat, run as its own process with
-   ``AGL_BRIDGE_AUTO=1``: no tracing code in it) answers the held-out set greedily;
+3. baseline: the team (``agl_bridge.trainer.loop.teams.arith``, AutoGen AgentChat, run as its
+   own process with ``AGL_BRIDGE_AUTO=1``: no tracing code in it) answers the held-out set
+   greedily;
 4. rounds, until ``--rounds`` are done or the ``--minutes`` budget would be exceeded: the team
    plays ``--tasks-per-round`` training tasks ``--rollouts`` times each at ``--temperature``
    (repeated rollouts: each task's K episodes form one AT-GRPO group per agent), its spans land
@@ -327,7 +328,7 @@ def run(args: argparse.Namespace) -> dict:
         state.save()
     except KeyboardInterrupt:
         log(f"stopped; run the same command again to go on from {work / STATE}")
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     finally:
         server.stop()
     return finish(work, state)
@@ -352,7 +353,7 @@ def summary(data: dict, base: dict, final: dict) -> str:
              "per agent (own reply correct): " + ", ".join(
                  f"{a} {base['agents'][a]['rate']:.1%} -> {final['agents'][a]['rate']:.1%}"
                  for a in sorted(base["agents"])),
-             "training rounds (sampled at temperature %.1f):" % data["settings"]["temperature"]]
+             f"training rounds (sampled at temperature {data['settings']['temperature']:.1f}):"]
     for r in data["rounds"]:
         lines.append(f"  round {r['round']}: success {r['episodes']['success']['rate']:.1%}, "
                      f"team reward {r['episodes']['team_reward']['mean']:.3f}, "

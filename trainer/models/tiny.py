@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -23,7 +24,8 @@ def build_tokenizer(vocab_size: int = 320):
     from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    reserved = [f"<|reserved_{i}|>" for i in range(vocab_size - len(alphabet) - len(SPECIAL_TOKENS))]
+    free = vocab_size - len(alphabet) - len(SPECIAL_TOKENS)
+    reserved = [f"<|reserved_{i}|>" for i in range(free)]
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     for tok in SPECIAL_TOKENS + reserved:
         vocab[tok] = len(vocab)
@@ -67,7 +69,8 @@ def build_tiny_model(out_dir: str | os.PathLike[str], *, seed: int = 0, hidden_s
         bos_token_id=None,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model: Any = LlamaForCausalLM(config)
+    model = model.to(torch.float32)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -21,7 +21,6 @@ import numpy as np
 
 from agl_bridge.trainer.rewards.credit import AdvantageUnit
 
-
 # beyond this, squaring (or summing a few) rewards overflows a float: scale the group first
 _BIG = 2.0**500
 

@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -39,7 +40,7 @@ class VLLMServer:
     def __init__(self, model_dir: str | os.PathLike[str], *, served_model_name: str = "base",
                  port: int | None = None, dtype: str | None = None, max_model_len: int = 1024,
                  max_lora_rank: int = 16, max_loras: int = 4, kv_cache_gib: int = 2,
-                 log_path: str | os.PathLike[str] | None = None, extra_args: list[str] = (),
+                 log_path: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
                  startup_timeout_s: float = 300.0) -> None:
         self.model_dir = Path(model_dir)
         self.served_model_name = served_model_name
@@ -72,7 +73,7 @@ class VLLMServer:
     def base_url(self) -> str:
         return f"{self.root_url}/v1"
 
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -109,7 +110,7 @@ class VLLMServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -77,8 +77,9 @@ def load_checkpoint(resume: str | os.PathLike[str] | bool, checkpoint_dir: str |
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if resume is True:
-        path = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
+    path: Path | None
+    if isinstance(resume, bool):
+        path = latest_checkpoint(checkpoint_dir) if resume and checkpoint_dir else None
     else:
         path = Path(resume)
     where = checkpoint_dir if resume is True else resume

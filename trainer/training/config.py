@@ -9,6 +9,7 @@ from typing import Any, Literal
 from agl_bridge.trainer.adapters import version_of
 
 Policy = Literal["shared", "per_agent_lora", "per_agent_model"]
+POLICIES: tuple[Policy, ...] = ("shared", "per_agent_lora", "per_agent_model")
 # grpo: sequence mean; bnpo/dapo: token mean; dr_grpo: a constant normaliser (TRL's names)
 LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
 

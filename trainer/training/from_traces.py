@@ -21,6 +21,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from agl_bridge.trainer.conversion import ConversionStats, ConvertConfig, convert
+from agl_bridge.trainer.rewards.credit import ALGORITHMS, Algorithm
+from agl_bridge.trainer.training.config import POLICIES, Policy
 
 
 @dataclass
@@ -59,8 +61,8 @@ def train_from_traces(
     traces: str | os.PathLike[str] | list,
     base_model: str | os.PathLike[str],
     *,
-    algorithm: str = "at_grpo",
-    policy: str = "shared",
+    algorithm: Algorithm = "at_grpo",
+    policy: Policy = "shared",
     output_dir: str | os.PathLike[str] = "agl_bridge_run",
     adapter_name: str = "policy",
     init_adapters: dict[str, str | os.PathLike[str]] | None = None,
@@ -84,9 +86,9 @@ def train_from_traces(
     from agl_bridge.trainer.training.config import GRPOConfig
     from agl_bridge.trainer.training.loop import train_policy
 
-    if algorithm not in ("at_grpo", "lightning_rl"):
+    if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be at_grpo or lightning_rl, got {algorithm!r}")
-    if policy not in ("shared", "per_agent_lora", "per_agent_model"):
+    if policy not in POLICIES:
         raise ValueError(f"policy must be shared, per_agent_lora or per_agent_model, "
                          f"got {policy!r}")
     convert_options, train_options = split_options(options)

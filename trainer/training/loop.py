@@ -200,7 +200,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            checkpoint_due = cfg.save_steps and checkpoint_dir and step % cfg.save_steps == 0
+            checkpoint_due = bool(cfg.save_steps and checkpoint_dir
+                                  and step % cfg.save_steps == 0)
         n_tokens = float(batch["loss_mask"].sum())
         rewards = [rows[i]["reward"] for i in idx]
         advs = adv.float()

@@ -7,12 +7,9 @@ Names follow TRL's ``GRPOTrainer`` where the concept is the same: ``epsilon`` / 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from agl_bridge.trainer.training.config import LossType
-
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

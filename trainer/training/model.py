@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 import torch
 
@@ -42,7 +43,8 @@ def load_policy(base_model, cfg: GRPOConfig, adapter_names: list[str],
     from transformers import AutoModelForCausalLM
 
     device, dtype = device_and_dtype(cfg)
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(device)
+    model: Any = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
+    model = model.to(device)
     if cfg.gradient_checkpointing:
         # non-reentrant (the default of transformers 5, not of 4.x): it needs no inputs that
         # require grad, and recomputes only what backward asks for

@@ -31,8 +31,6 @@ from typing import Any
 
 from agl_bridge.trainer.adapters import METADATA_FILE
 
-from agl_bridge.trainer.adapters import METADATA_FILE
-
 METRICS_FILE = "metrics.jsonl"
 REPORT_FILE = "report.html"
 
@@ -339,11 +337,11 @@ def _plot_panel(panel: Panel, records: list[dict[str, Any]], names: list[str],
             drawn += len(xs)
         if panel.band:
             mean_f, std_f = panel.band
-            pts = [(i, float(r[mean_f]), float(r[std_f])) for i, r in enumerate(records)
-                   if r["adapter"] == name and mean_f in r and std_f in r
-                   and math.isfinite(r[mean_f]) and math.isfinite(r[std_f])]
-            if pts:
-                xs, ms, ss = zip(*pts)
+            band = [(i, float(r[mean_f]), float(r[std_f])) for i, r in enumerate(records)
+                    if r["adapter"] == name and mean_f in r and std_f in r
+                    and math.isfinite(r[mean_f]) and math.isfinite(r[std_f])]
+            if band:
+                xs, ms, ss = zip(*band)
                 ax.fill_between(xs, [m - s for m, s in zip(ms, ss)],
                                 [m + s for m, s in zip(ms, ss)], color=colours[name],
                                 alpha=0.18, linewidth=0)
@@ -357,7 +355,11 @@ def _plot_panel(panel: Panel, records: list[dict[str, Any]], names: list[str],
     ax.set_ylabel(panel.ylabel)
     ax.grid(True, alpha=0.3)
     ax.set_xlim(-0.5, max(len(records) - 0.5, 0.5))
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    from matplotlib.ticker import MaxNLocator
+
+    locator = ax.xaxis.get_major_locator()  # the default AutoLocator is a MaxNLocator
+    if isinstance(locator, MaxNLocator):
+        locator.set_params(integer=True)
     handles, _ = ax.get_legend_handles_labels()
     ax.legend(title="adapter", fontsize="small", title_fontsize="small",
               ncol=max(1, math.ceil(len(handles) / 8)), loc="best")
@@ -442,8 +444,10 @@ def _adapters_html(adapters: list[dict[str, Any]], run_dir: Path | None) -> str:
                 pass
         fp = str(m.get("base_model_fingerprint") or "")
         created = m.get("created_unix")
-        when = (_dt.datetime.fromtimestamp(created, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
-                if _is_number(created) and math.isfinite(created) else None)
+        when = (_dt.datetime.fromtimestamp(float(created), _dt.timezone.utc
+                                           ).strftime("%Y-%m-%d %H:%M")
+                if isinstance(created, (int, float)) and _is_number(created)
+                and math.isfinite(created) else None)
         rows.append([
             html.escape(str(m.get("adapter_name", "?"))), fmt(m.get("version")),
             f"<code>{html.escape(str(d))}</code>",

@@ -27,14 +27,18 @@ import json
 import re
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import agl_bridge
+
+if TYPE_CHECKING:
+    from autogen_core.models import ModelInfo
 
 QUESTION = "Compute {a} + {b}. Reply with one line: {a} + {b} = <result>"
 SOLVER_SYSTEM = None  # the question says what form to answer in
 CHECKER_SYSTEM = ("You check the answer that follows the question. Reply with one line: "
                   "the question's two numbers and their correct sum, as 'a + b = c'.")
-MODEL_INFO = {"vision": False, "function_calling": False, "json_output": False,
+MODEL_INFO: ModelInfo = {"vision": False, "function_calling": False, "json_output": False,
               "family": "unknown", "structured_output": False}
 _INT = re.compile(r"-?\d+")
 _FORM = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
@@ -76,6 +80,7 @@ def _client(base_url: str, model: str, temperature: float, max_tokens: int):
 async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                reward: str, args: argparse.Namespace) -> dict:
     from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.messages import BaseTextChatMessage
     from autogen_agentchat.teams import RoundRobinGroupChat
 
     a, b = int(task["a"]), int(task["b"])
@@ -87,9 +92,11 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
         team = RoundRobinGroupChat([solver, checker], max_turns=2)
         with agl_bridge.episode(task_id=task["task_id"]) as episode_id:
             result = await team.run(task=QUESTION.format(a=a, b=b))
-            replies = {m.source: m.content for m in result.messages if m.source != "user"}
+            replies = {m.source: m.content for m in result.messages
+                       if isinstance(m, BaseTextChatMessage) and m.source != "user"}
             parts = {name: score(replies.get(name, ""), a, b) if reward == "add" else
-                     score_lower(replies.get(name, ""), args.max_tokens) for name in ("solver", "checker")}
+                     score_lower(replies.get(name, ""), args.max_tokens)
+                     for name in ("solver", "checker")}
             team_parts = {"correct": parts["checker"]["correct"],
                           "close": parts["checker"]["close"]}
             agl_bridge.emit_reward(team_parts, scope="team")

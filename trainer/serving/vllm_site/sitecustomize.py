@@ -11,7 +11,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 for _entry in sys.path:  # chain to the environment's own sitecustomize, if it has one
     if _entry and os.path.abspath(_entry) != _here:
         _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [_entry])
-        if _spec is not None:
+        if _spec is not None and _spec.loader is not None:
             _mod = importlib.util.module_from_spec(_spec)
             _spec.loader.exec_module(_mod)
             break
