@@ -15,6 +15,7 @@ from agl_bridge.coordination import (
     vote,
     workflow,
 )
+from agl_bridge.feedback import current_episode_id, current_trace_id, feedback, flush_feedback
 from agl_bridge.scope import (
     agent,
     candidate,
@@ -44,10 +45,14 @@ __all__ = [
     "candidate",
     "capture_level",
     "coordination_round",
+    "current_episode_id",
     "current_scope",
+    "current_trace_id",
     "emit_reward",
     "episode",
+    "feedback",
     "final_selection",
+    "flush_feedback",
     "new_answer",
     "restart",
     "task_step",

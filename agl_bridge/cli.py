@@ -40,7 +40,10 @@ def _convert(args: argparse.Namespace) -> int:
     config = ConvertConfig(algorithm=args.algorithm, alpha=args.alpha, gamma=args.gamma,
                            advantage_unit=args.advantage_unit,
                            scale_advantages=not args.no_scale_advantages,
-                           missing_reward=missing, retokenize=args.retokenize)
+                           missing_reward=missing, retokenize=args.retokenize,
+                           evaluation_weights=_weights(args.evaluation, "--evaluation"),
+                           evaluation_labels=_weights(args.evaluation_label,
+                                                      "--evaluation-label"))
 
     def progress(done: int, total: int) -> None:
         if sys.stderr.isatty() or total > 1:
@@ -234,6 +237,37 @@ def _import(args: argparse.Namespace) -> int:
     return 1 if summary.lines_bad or summary.spans_rejected else 0
 
 
+def _feedback(args: argparse.Namespace) -> int:
+    from agl_bridge.otel.feedback_files import import_feedback
+
+    summary = import_feedback(args.sources, args.out)
+    for line in summary.bad:
+        print(line, file=sys.stderr)
+    if summary.bad_count > len(summary.bad):
+        print(f"... and {summary.bad_count - len(summary.bad)} more bad row(s)", file=sys.stderr)
+    print(f"{summary.imported} of {summary.rows} feedback row(s) from {summary.files} file(s) "
+          f"imported into {args.out}" + (f"; {summary.bad_count} bad (quarantined)"
+                                          if summary.bad_count else ""))
+    return 1 if summary.bad_count else 0
+
+
+def _weights(pairs: list[str] | None, what: str) -> dict[str, float] | None:
+    """``NAME=NUMBER`` pairs (``--evaluation helpful=1``) as a mapping, checked."""
+    if not pairs:
+        return None
+    out = {}
+    for pair in pairs:
+        name, sep, number = pair.rpartition("=")
+        try:
+            value = float(number)
+        except ValueError:
+            value = float("nan")
+        if not sep or not name or value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{what} {pair!r}: expected NAME=NUMBER")
+        out[name] = value
+    return out
+
+
 def _recover(args: argparse.Namespace) -> int:
     from agl_bridge.otel.parquet_writer import SpanParquetWriter
 
@@ -303,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "and count disagreements with recorded ids")
     c.add_argument("--max-rows-in-memory", type=int, default=100_000,
                    help="past this many span rows, convert bucket by bucket (flat memory)")
+    c.add_argument("--evaluation", action="append", metavar="NAME=WEIGHT",
+                   help="count evaluations (feedback, gen_ai.evaluation.result, judges) named "
+                        "NAME with this weight; repeatable. Unset: every name, weight 1; once "
+                        "set, only the names given")
+    c.add_argument("--evaluation-label", action="append", metavar="LABEL=VALUE",
+                   help="score label-only evaluations (e.g. pass=1, fail=0); repeatable")
     c.set_defaults(func=_convert)
 
     t = sub.add_parser("train", help="convert traces and train LoRA adapters")
@@ -382,6 +422,18 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("sources", nargs="+", metavar="FILE_OR_DIR")
     i.add_argument("--out", required=True, help="directory for the span Parquet")
     i.set_defaults(func=_import)
+
+    f = sub.add_parser("feedback", help="import scores that arrived later (CSV, JSON lines, "
+                                        "Parquet) into a span directory",
+                       description="Import feedback rows (columns id, value; optional name, "
+                                   "kind, agent, label, explanation, time) as evaluation "
+                                   "records that conversion joins to their episodes. id: an "
+                                   "episode id, trace id or gen_ai.response.id. Bad rows are "
+                                   "reported as file:line and quarantined; exit status 1 if "
+                                   "there were any.")
+    f.add_argument("sources", nargs="+", metavar="FILE_OR_DIR")
+    f.add_argument("--out", required=True, help="the span Parquet directory to add them to")
+    f.set_defaults(func=_feedback)
 
     v = sub.add_parser("recover", help="turn write-ahead logs left by dead writers into Parquet")
     v.add_argument("directory", help="a span Parquet directory (the one holding _wal/)")

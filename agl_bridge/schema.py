@@ -12,9 +12,9 @@ import pyarrow as pa
 
 from agl_bridge import semconv as sc
 
-# 2: coordination_round promoted; 3: no nulls inside id and logprob lists. Files of every
-# earlier version read as before.
-SPAN_SCHEMA_VERSION = 3
+# 2: coordination_round promoted; 3: no nulls inside id and logprob lists; 4: response id and
+# evaluations (name, score, target) promoted. Files of every earlier version read as before.
+SPAN_SCHEMA_VERSION = 4
 TRANSITION_SCHEMA_VERSION = 3  # 3: no nulls inside its lists
 
 
@@ -22,8 +22,8 @@ def values_list(value_type: pa.DataType) -> pa.DataType:
     """A list whose values are never null (token ids, logprobs, masks; the list itself may be).
 
     Declared so because Parquet then stores one level fewer per value and readers build no
-    validity bitmap (figures: benchmarks/README_convert.md). Promotion (``otel.rows``) only ever puts whole
-    lists of numbers here; a list with a None stays in the attributes JSON.
+    validity bitmap (figures: benchmarks/README_convert.md). Promotion (``otel.rows``) only
+    ever puts whole lists of numbers here; a list with a None stays in the attributes JSON.
     """
     return pa.list_(pa.field("element", value_type, nullable=False))
 
@@ -46,6 +46,11 @@ PROMOTED_ATTRIBUTES: dict[str, tuple[str, pa.DataType]] = {
     sc.REWARD_VALUE: ("reward_value", pa.float64()),
     sc.REWARD_KIND: ("reward_kind", pa.string()),
     sc.REWARD_SCOPE: ("reward_scope", pa.string()),
+    sc.GEN_AI_RESPONSE_ID: ("response_id", pa.string()),
+    sc.GEN_AI_EVALUATION_NAME: ("evaluation_name", pa.string()),
+    sc.GEN_AI_EVALUATION_SCORE_VALUE: ("evaluation_score", pa.float64()),
+    sc.GEN_AI_EVALUATION_SCORE_LABEL: ("evaluation_label", pa.string()),
+    sc.EVALUATION_TARGET: ("evaluation_target", pa.string()),
 }
 
 SPAN_SCHEMA = pa.schema(

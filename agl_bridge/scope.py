@@ -192,5 +192,10 @@ def emit_reward(
     if name:
         attributes[sc.REWARD_NAME] = name
     attributes.update({sc.reward_part_attribute(p): v for p, v in parts.items()})
-    tracer().start_span(sc.SPAN_REWARD, attributes=attributes).end()
+    span = tracer().start_span(sc.SPAN_REWARD, attributes=attributes)
+    # the same score in OpenTelemetry's standard form, for evaluation tools reading the trace
+    # (the converter counts the reward span, not this event)
+    span.add_event(sc.GEN_AI_EVALUATION_RESULT, {sc.GEN_AI_EVALUATION_NAME: name or kind,
+                                                 sc.GEN_AI_EVALUATION_SCORE_VALUE: value})
+    span.end()
     return value

@@ -44,6 +44,13 @@ GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"  # content
 GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"  # content
 GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"  # JSON; content: messages level only
 GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"  # JSON; content: messages level only
+# Evaluations (scores after the fact): the event gen_ai.evaluation.result, as an OpenTelemetry
+# log record or a span event, parented to the evaluated span or carrying gen_ai.response.id
+GEN_AI_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"  # the event's name
+GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"  # required: what was evaluated for
+GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"  # double
+GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
+GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"  # content
 SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 ERROR_TYPE: Final = "error.type"
@@ -106,6 +113,13 @@ REWARD_SCOPE: Final = "agl_bridge.reward.scope"
 REWARD_NAME: Final = "agl_bridge.reward.name"
 
 REWARD_PART_PREFIX: Final = "agl_bridge.reward.part."  # + part name: one attribute per part
+
+# What an evaluation scores when it is not parented to the evaluated span: "episode:<id>",
+# "trace:<32 hex>" or "response:<gen_ai.response.id>" (agl_bridge.feedback writes it)
+EVALUATION_TARGET: Final = "agl_bridge.evaluation.target"
+TARGET_EPISODE: Final = "episode"
+TARGET_TRACE: Final = "trace"
+TARGET_RESPONSE: Final = "response"
 
 # Coordination (votes, answers, restarts, rounds) for voting/debating orchestrators
 VOTE_VOTER: Final = "agl_bridge.vote.voter"
@@ -171,7 +185,10 @@ class RewardKind:
     VOTE: Final = "vote"
     COORDINATION: Final = "coordination"
     HUMAN: Final = "human"
-    ALL: Final = (TASK, TOOL, VOTE, COORDINATION, HUMAN)
+    JUDGE: Final = "judge"  # an LLM judge's score
+    EVALUATION: Final = "evaluation"  # an evaluation tool's gen_ai.evaluation.result
+    RECIPE: Final = "recipe"  # derived at conversion from what the spans hold
+    ALL: Final = (TASK, TOOL, VOTE, COORDINATION, HUMAN, JUDGE, EVALUATION, RECIPE)
 
 
 # Values of TOKEN_IDS_STATUS

@@ -238,3 +238,14 @@ def configure_deferred(service_name: str | None = None) -> DeferredTracing:
 def warn(message: str) -> None:
     """Start-up problems must reach the user but never stop their program."""
     print(f"agl-bridge: {message}", file=sys.stderr)
+
+
+def capture_provider() -> TracerProvider | None:
+    """The SDK provider agl-bridge's processors are on, or None where capture is off (zero-code
+    capture installs its provider here if it was waiting for the first span)."""
+    _lazy.ensure()
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider) and getattr(provider, "_agl_bridge_scope_processor",
+                                                        False):
+        return provider
+    return None

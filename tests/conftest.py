@@ -18,6 +18,7 @@ from agl_bridge.otel.processors import ScopeSpanProcessor
 _MEMORY = InMemorySpanExporter()
 _PROVIDER = TracerProvider()
 _PROVIDER.add_span_processor(ScopeSpanProcessor())  # as configure_tracing and auto add it
+_PROVIDER._agl_bridge_scope_processor = True  # type: ignore[attr-defined]  # as they mark it
 _PROVIDER.add_span_processor(SimpleSpanProcessor(_MEMORY))
 trace.set_tracer_provider(_PROVIDER)
 

@@ -48,7 +48,8 @@ class ScriptedServer:
                  tool_calls: list[dict[str, str]] | None = None,
                  ids_for: Callable[[dict[str, Any]], tuple[list[int], list[int]]] | None = None,
                  script: Callable[[dict[str, Any]], tuple[str, list[dict[str, str]]]] | None = None,
-                 chunk_delay_s: float = 0.0, stream_error_after: int | None = None) -> None:
+                 chunk_delay_s: float = 0.0, stream_error_after: int | None = None,
+                 unique_ids: bool = False) -> None:
         self.vllm = vllm
         self.reply = reply
         self.completion_ids = completion_ids or [11, 12, 13]
@@ -58,6 +59,8 @@ class ScriptedServer:
         self.script = script
         self.chunk_delay_s = chunk_delay_s
         self.stream_error_after = stream_error_after
+        self.unique_ids = unique_ids  # response ids chatcmpl-scripted-1, -2, ... (else one id)
+        self.responses = 0
         self.requests: list[dict[str, Any]] = []
         self.version_hits = 0
         self.streams_cut = 0  # streams the client closed before [DONE]
@@ -153,8 +156,12 @@ class ScriptedServer:
             if self.vllm:
                 choice["token_ids"] = ids if want_ids else None
             choices.append(choice)
+        with self._lock:
+            self.responses += 1
+            number = self.responses
         out: dict[str, Any] = {
-            "id": "chatcmpl-scripted", "object": "chat.completion", "created": 1,
+            "id": f"chatcmpl-scripted-{number}" if self.unique_ids else "chatcmpl-scripted",
+            "object": "chat.completion", "created": 1,
             "model": body["model"], "choices": choices,
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
                       "total_tokens": len(prompt_ids) + len(completion_ids)},

@@ -16,7 +16,8 @@ from agl_bridge.trainer.conversion.arrow import arr, lit
 COLUMNS = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "episode_id",
            "task_id", "agent_name", "turn_index", "candidate_index", "coordination_round",
            "operation_name", "request_model", "policy_version", "prompt_token_ids",
-           "completion_token_ids", "completion_logprobs", "reward_value", "reward_scope")
+           "completion_token_ids", "completion_logprobs", "reward_value", "reward_scope",
+           "evaluation_name", "evaluation_target")
 
 # not in the span schema: set by retokenization on rows whose ids it rebuilt
 RETOKENIZED = "retokenized"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,6 +27,10 @@ class ConvertConfig:
     # a tokenizer directory: rebuild ids from captured messages for spans without them
     # (flagged ``retokenized``), and count how often the rebuild disagrees with recorded ids
     retokenize: str | None = None
+    # evaluations (feedback, gen_ai.evaluation.result, judges) that count as rewards: name ->
+    # weight (None: every name, weight 1; 0 leaves a name out); labels scores label-only ones
+    evaluation_weights: Mapping[str, float] | None = None
+    evaluation_labels: Mapping[str, float] | None = None
 
 
 AgentTurn = tuple[str | None, int | None]
@@ -43,6 +48,7 @@ class ConversionStats:
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> LLM calls not converted
     notes: Counter[str] = field(default_factory=Counter)  # reason -> worth knowing, not fatal
     rejected_rewards: list[str] = field(default_factory=list)  # where, first 20
+    unknown_evaluations: list[str] = field(default_factory=list)  # what they named, first 20
     per_agent_turn: Counter[AgentTurn] = field(default_factory=Counter)  # -> transitions
     rewards: list[float] = field(default_factory=list)
     zero_variance_groups: int = 0
@@ -63,6 +69,8 @@ class ConversionStats:
         self.rewards += other.rewards
         room = max(0, self.MAX_LISTED - len(self.rejected_rewards))
         self.rejected_rewards += other.rejected_rewards[:room]
+        room = max(0, self.MAX_LISTED - len(self.unknown_evaluations))
+        self.unknown_evaluations += other.unknown_evaluations[:room]
 
     def summary(self) -> str:
         lines = [f"{self.spans} spans, {self.episodes} episodes, {self.llm_spans} LLM calls -> "
@@ -83,4 +91,5 @@ class ConversionStats:
         lines += [f"  skipped {n} LLM call(s): {why}" for why, n in sorted(self.skipped.items())]
         lines += [f"  note: {n} x {why}" for why, n in sorted(self.notes.items())]
         lines += [f"  rejected reward: {where}" for where in self.rejected_rewards]
+        lines += [f"  evaluation for an unknown id: {what}" for what in self.unknown_evaluations]
         return "\n".join(lines)

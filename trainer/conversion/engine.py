@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,11 +26,18 @@ from agl_bridge.parquet_io import write_table_atomic
 from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.columns import columns_to_read
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig, MissingReward
+from agl_bridge.trainer.conversion.evaluations import (
+    resolve_files,
+    resolve_tables,
+    scan_files,
+    scan_tables,
+)
 from agl_bridge.trainer.conversion.memory import short_lived_arrays
 from agl_bridge.trainer.conversion.sources import Source, otlp_json_files, read_spans, span_files
 from agl_bridge.trainer.conversion.spill import convert_spilled
 from agl_bridge.trainer.conversion.stages import convert_rows
 from agl_bridge.trainer.conversion.streaming import convert_streaming, stream_plan
+from agl_bridge.trainer.rewards.evaluations import EvaluationReward, Resolved
 
 Progress = Callable[[int, int], None]
 
@@ -39,17 +46,37 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
                          missing_reward: MissingReward | None = None,
                          source: str = "") -> tuple[pa.Table, ConversionStats]:
     """Transitions from a span table (SPAN_SCHEMA columns; the required ones at least), and
-    what happened. ``source`` names where the rows came from, for messages."""
+    what happened. ``source`` names where the rows came from, for messages. Evaluation
+    records in the table (feedback, ``gen_ai.evaluation.result``) are joined to their
+    episodes."""
     cfg = _config(config, missing_reward)
+    found = scan_tables([spans])
+    resolved = resolve_tables(found, [spans], weights=cfg.evaluation_weights,
+                              labels=cfg.evaluation_labels) if found else None
+    table, stats = _convert_table(spans, cfg, source, resolved.rewards if resolved else None)
+    _note(stats, resolved)
+    return table, stats
+
+
+def _convert_table(spans: pa.Table, cfg: ConvertConfig, source: str,
+                   evaluations: Mapping[str, list[EvaluationReward]] | None
+                   ) -> tuple[pa.Table, ConversionStats]:
     if not cfg.retokenize:
-        return convert_rows(spans, cfg, source)
+        return convert_rows(spans, cfg, source, evaluations=evaluations)
     from agl_bridge.trainer.conversion.retokenize import fill_ids
 
     before = ConversionStats()
     spans = fill_ids(spans, cfg.retokenize, before)
-    table, stats = convert_rows(spans, cfg, source)
+    table, stats = convert_rows(spans, cfg, source, evaluations=evaluations)
     stats.notes.update(before.notes)
     return table, stats
+
+
+def _note(stats: ConversionStats, resolved: Resolved | None) -> None:
+    """What became of the evaluations: joined, superseded, unknown (listed), ..."""
+    if resolved is not None:
+        stats.notes.update(resolved.notes)
+        stats.unknown_evaluations += resolved.unknown[:stats.MAX_LISTED]
 
 
 def convert(source: Source, out_path: str | os.PathLike[str],
@@ -94,11 +121,23 @@ def _convert(source: Source, out_path: Path, cfg: ConvertConfig, max_rows_in_mem
 
 def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
                    max_rows_in_memory: int, progress: Progress | None) -> ConversionStats:
+    found = scan_files(files)
+    resolved = resolve_files(found, files, weights=cfg.evaluation_weights,
+                             labels=cfg.evaluation_labels) if found else None
+    stats = _route(files, where, out_path, cfg, max_rows_in_memory, progress,
+                   resolved.rewards if resolved else None)
+    _note(stats, resolved)
+    return stats
+
+
+def _route(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
+           max_rows_in_memory: int, progress: Progress | None,
+           evaluations: Mapping[str, list[EvaluationReward]] | None) -> ConversionStats:
     columns = columns_to_read(bool(cfg.retokenize))
     if not cfg.retokenize:
         plan = stream_plan(files, max_rows_in_memory, columns)
         if plan is not None:
-            return convert_streaming(plan, out_path, cfg, columns, where, progress)
+            return convert_streaming(plan, out_path, cfg, columns, where, progress, evaluations)
     total_rows = 0
     for path in files:
         try:
@@ -107,10 +146,10 @@ def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertCo
             pass  # counted when read
     if total_rows > max_rows_in_memory:
         return convert_spilled(files, out_path, columns, total_rows, max_rows_in_memory,
-                               lambda t: spans_to_transitions(t, cfg, source=where), progress)
+                               lambda t: _convert_table(t, cfg, where, evaluations), progress)
     read = ConversionStats()
     spans = read_spans(files, read, columns)
-    table, stats = spans_to_transitions(spans, cfg, source=where)
+    table, stats = _convert_table(spans, cfg, where, evaluations)
     stats.notes.update(read.notes)
     stats.files = read.files
     if progress:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.arrow import arr
 from agl_bridge.trainer.conversion.columns import episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats
+from agl_bridge.trainer.rewards.evaluations import EvaluationReward
 
 # the span columns reward matching reads
 REWARD_COLUMNS = ["trace_id", "span_id", "episode_id", "agent_name", "turn_index",
@@ -109,6 +111,17 @@ def read_rewards(table: pa.Table, stats: ConversionStats, source: str = ""
         if why:
             stats.notes[why + reasons.IGNORED_SUFFIX] += 1
     return out
+
+
+def add_evaluations(rewards: dict[str, EpisodeRewards], episodes: list[str],
+                    extra: Mapping[str, list[EvaluationReward]], stats: ConversionStats) -> None:
+    """The evaluations of ``episodes`` (those present in the rows being converted) added to
+    their rewards; each episode lies in exactly one unit, so each counts once."""
+    for episode in episodes:
+        for r in extra.get(episode, ()):
+            why = rewards[episode].add(Reward(episode, r.value, r.scope, r.agent, r.turn))
+            if why:
+                stats.notes[why + reasons.IGNORED_SUFFIX] += 1
 
 
 def _column(table: pa.Table, name: str) -> list[Any]:

@@ -23,6 +23,7 @@ inference where spans carry no turn) or per group (advantages).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,10 +50,17 @@ from agl_bridge.trainer.conversion.arrow import (
 )
 from agl_bridge.trainer.conversion.columns import RETOKENIZED, conform, episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
-from agl_bridge.trainer.conversion.reward_spans import REWARD_COLUMNS, EpisodeRewards, read_rewards
+from agl_bridge.trainer.conversion.evaluations import is_evaluation
+from agl_bridge.trainer.conversion.reward_spans import (
+    REWARD_COLUMNS,
+    EpisodeRewards,
+    add_evaluations,
+    read_rewards,
+)
 from agl_bridge.trainer.conversion.turns import assign_turns
 from agl_bridge.trainer.rewards.advantages import group_advantages
 from agl_bridge.trainer.rewards.credit import discounted, group_ids, transition_rewards
+from agl_bridge.trainer.rewards.evaluations import EvaluationReward
 
 # the per-call columns carried through the stages (the lists stay in the span table)
 _SMALL = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "task_id",
@@ -118,21 +126,26 @@ class Turns:
 
 
 def convert_rows(spans: pa.Table, cfg: ConvertConfig, source: str = "",
-                 select: np.ndarray | None = None) -> tuple[pa.Table, ConversionStats]:
+                 select: np.ndarray | None = None,
+                 evaluations: Mapping[str, list[EvaluationReward]] | None = None
+                 ) -> tuple[pa.Table, ConversionStats]:
     """Transitions and statistics of the span rows ``select`` (a numpy boolean mask; all
     without) of ``spans`` (SPAN_SCHEMA columns, the required ones at least). ``source`` names
-    where the rows came from, for messages."""
+    where the rows came from, for messages; ``evaluations``: rewards that arrived after the
+    fact, by episode key (``conversion/evaluations.py``)."""
     spans = conform(spans).combine_chunks()
     episodes = episode_keys(spans)
     is_reward = pc.is_valid(spans["reward_value"])
-    if select is None:
-        stats = ConversionStats(spans=spans.num_rows)
-        stats.episodes = len(pc.unique(episodes))
-    else:
-        stats = ConversionStats(spans=int(select.sum()))
-        stats.episodes = len(pc.unique(episodes.filter(np_array(select))))
+    rows = pc.invert(is_evaluation(spans))  # evaluation records are not an episode's spans
+    stats = ConversionStats(spans=spans.num_rows if select is None else int(select.sum()))
+    if select is not None:
+        rows = pc.and_(rows, np_array(select))
         is_reward = pc.and_(is_reward, np_array(select))
+    present = pc.unique(episodes.filter(rows))
+    stats.episodes = len(present)
     rewards = read_rewards(spans.select(REWARD_COLUMNS).filter(is_reward), stats, source)
+    if evaluations:
+        add_evaluations(rewards, present.to_pylist(), evaluations, stats)
     table = convert_table(spans, cfg, stats, rewards, episodes=episodes, select=select)
     return table, stats
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.conversion.memory import release_memory
 from agl_bridge.trainer.conversion.sources import WrongTypes, check_file, conform_types, why
 from agl_bridge.trainer.conversion.stages import convert_rows
+from agl_bridge.trainer.rewards.evaluations import EvaluationReward
 
 
 @dataclass
@@ -279,7 +280,9 @@ def _read_ahead(plan: StreamPlan, columns: list[str]) -> Iterator[tuple]:
 
 def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: ConvertConfig,
                        columns: list[str], source: str,
-                       progress: Callable[[int, int], None] | None) -> ConversionStats:
+                       progress: Callable[[int, int], None] | None,
+                       evaluations: Mapping[str, list[EvaluationReward]] | None = None
+                       ) -> ConversionStats:
     """Second pass: read in batches; convert the rows of every unit read whole, hold the others
     back; write the transitions as they come. Reading, converting and writing overlap (a
     reader thread one batch ahead, a writer thread one table behind). Memory: a few batches
@@ -304,7 +307,7 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
     def convert(rows: pa.Table, select: Any, pool: ThreadPoolExecutor,
                 writer: pq.ParquetWriter) -> None:
         nonlocal pending_rows
-        table, part = convert_rows(rows, cfg, source, select)
+        table, part = convert_rows(rows, cfg, source, select, evaluations)
         stats.merge(part)
         if table.num_rows:
             pending.append(table)
