@@ -126,7 +126,7 @@ def openai2_python() -> Path:
                                 "print(openai.__version__); print(m.__file__)"],
                  "import in the openai 2 venv").split()
     assert found[0] == "2.2.0"
-    assert Path(found[1]).resolve() == ROOT / "integrations" / "openai.py"  # this checkout
+    assert Path(found[1]).resolve() == ROOT / "integrations" / "openai" / "__init__.py"  # here
     return python
 
 
