@@ -1,10 +1,11 @@
 """The alias table: what agents ask for (``coder``) -> the adapter version live now (``coder@v7``).
 
 The publisher writes it (atomically: temp file + rename); every agent process reads it on each
-call through the routing hook on the OpenAI client (``enable_routing``), so a new version goes
-live for running agents with no code change. Reading is cheap: one ``os.stat`` per call, and the
-file is parsed again only when it changed (inode, modification time or size).
-``AGL_BRIDGE_ALIASES`` names the file; unset, nothing is resolved and nothing is read.
+call through alias routing on the OpenAI client (``enable_routing``; the OpenAI instrumentor
+turns it on), so a new version goes live for running agents with no code change. Reading is
+cheap: one ``os.stat`` per call, and the file is parsed again only when it changed (inode,
+modification time or size). ``AGL_BRIDGE_ALIASES`` names the file; unset, nothing is resolved
+and nothing is read.
 
 The file is ``{"aliases": {"<alias>": "<served model name>", ...}}``. It is read inside the
 agent's own ``create()`` call, so a file that cannot be used (missing, unreadable, not JSON, not
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -150,3 +152,28 @@ def default_table() -> AliasTable | None:
     if path != _default_path:
         _default, _default_path = AliasTable(path), path
     return _default
+
+
+def enable_routing() -> None:
+    """Send every OpenAI ``chat.completions.create`` of this process to the live version of the
+    alias it asks for, whether or not it is traced (imports openai).
+
+    ``OpenAIInstrumentor().instrument()`` (and so ``AGL_BRIDGE_AUTO`` and
+    ``opentelemetry-instrument``) calls this unless given ``routing=False``.
+    """
+    from agl_bridge.integrations.openai import routing
+
+    routing.enable()
+
+
+def disable_routing() -> None:
+    """Send model names as agents write them. Tracing, if on, stays on."""
+    from agl_bridge.integrations.openai import routing
+
+    routing.disable()
+
+
+def routing_enabled() -> bool:
+    """Whether ``enable_routing`` is in force (never imports openai to find out)."""
+    routing = sys.modules.get("agl_bridge.integrations.openai.routing")
+    return routing is not None and routing.enabled()

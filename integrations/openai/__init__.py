@@ -22,7 +22,12 @@ What is recorded follows ``AGL_BRIDGE_CAPTURE`` (``agl_bridge.capture``), read a
 
 The package, by concern: ``probe`` (is the server vLLM), ``request`` (what we ask for and record
 before the call), ``response`` (what the answer puts on the span), ``streams`` (stream proxies),
-``wrappers`` (the wrappers of ``create``). This module only wires them to the client.
+``wrappers`` (the tracing wrappers of ``create``), ``routing`` (alias routing) and ``patch``
+(the one patch on ``create`` that routing and tracing share). This module only wires them.
+
+``instrument()`` also turns alias routing on (``routing.py``; ``instrument(routing=False)`` does
+not). ``uninstrument()`` stops tracing only: routing decides which adapter answers and is not
+tracing, so it stays on until ``agl_bridge.aliases.disable_routing()``.
 """
 
 from __future__ import annotations
@@ -33,16 +38,12 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from opentelemetry.instrumentation.utils import unwrap
-from wrapt import wrap_function_wrapper
-
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 
+from . import patch, routing
 from .probe import ServerProbe
 from .wrappers import MODES, TOKEN_IDS_ENV, ChatTracing
-
-_MODULE = "openai.resources.chat.completions"
 
 __all__ = ["MODES", "OpenAIInstrumentor", "ServerProbe", "TOKEN_IDS_ENV"]
 
@@ -52,7 +53,7 @@ class OpenAIInstrumentor(BaseInstrumentor):
 
     ``instrument(token_ids="auto" | "always" | "never")``: ask for vLLM token ids when the probe
     says the server is vLLM (default; also read from ``AGL_BRIDGE_TOKEN_IDS``), on every call, or
-    never.
+    never. ``instrument(routing=False)``: do not turn alias routing on.
     """
 
     # AGL_BRIDGE_AUTO instruments when this module is first imported, not at start-up
@@ -69,15 +70,15 @@ class OpenAIInstrumentor(BaseInstrumentor):
         mode = kwargs.get("token_ids") or os.environ.get(TOKEN_IDS_ENV, "auto")
         self._tracing = ChatTracing(tracer, mode, kwargs.get("probe") or ServerProbe(),
                                     (Stream, AsyncStream))
-        wrap_function_wrapper(_MODULE, "Completions.create", self._tracing.sync_create)
-        wrap_function_wrapper(_MODULE, "AsyncCompletions.create", self._tracing.async_create)
+        if kwargs.get("routing", True):
+            routing.enable()
+        patch.set_tracing(self._tracing)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        import openai.resources.chat.completions as mod
-
-        self._tracing.active = False  # clients bound while we were on step aside too
-        unwrap(mod.Completions, "create")
-        unwrap(mod.AsyncCompletions, "create")
+        # clients that bound ``create`` while we were on (with_raw_response) still call the
+        # patch, which reads the slot at each call: they stop being traced too
+        patch.set_tracing(None)
+        self._tracing = None
 
     @property
     def probe(self) -> ServerProbe | None:

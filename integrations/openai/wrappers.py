@@ -2,7 +2,9 @@
 
 ``ChatTracing`` holds what one ``instrument()`` decided (tracer, token-id mode, probe) and wraps
 the sync and async ``create``: decide what to ask the server for, start the span, call, then
-record the response, or hand back a stream or raw response whose span ends with it.
+record the response, or hand back a stream or raw response whose span ends with it. It runs in
+the tracing slot of the shared patch (``patch.py``), after routing: the request it sees already
+asks for the live version, and ``alias`` is what the agent asked for.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import SpanKind
 
 from agl_bridge import semconv as sc
-from agl_bridge.aliases import default_table
 from agl_bridge.capture import CaptureLevel, capture_level
 
 from .probe import ServerProbe
@@ -31,19 +32,6 @@ TOKEN_IDS_ENV = "AGL_BRIDGE_TOKEN_IDS"  # auto (probe the server) | always | nev
 MODES = ("auto", "always", "never")
 
 
-def _resolve_alias(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Ask for the live version of an alias (``AGL_BRIDGE_ALIASES``): running agents switch to a
-    newly published adapter on their next call, with no code change."""
-    table = default_table()
-    model = kwargs.get("model")
-    if table is None or not isinstance(model, str):
-        return kwargs, None
-    live = table.resolve(model)
-    if live is None or live == model:
-        return kwargs, None
-    return {**kwargs, "model": live}, model
-
-
 class ChatTracing:
     """Traces ``create`` calls with one tracer, token-id mode and server probe."""
 
@@ -55,9 +43,6 @@ class ChatTracing:
         self.mode = mode
         self.probe = probe
         self.stream_types = stream_types  # (Stream, AsyncStream)
-        # openai's with_raw_response binds ``create`` when first used: a client that did so
-        # while we were on keeps calling our wrapper, which must step aside once we are off
-        self.active = True
 
     # -- decisions ------------------------------------------------------------------------------
     def needs_probe(self, instance: Any, level: CaptureLevel) -> str | None:
@@ -106,10 +91,9 @@ class ChatTracing:
         return result
 
     # -- wrappers -------------------------------------------------------------------------------
-    def sync_create(self, wrapped, instance, args, kwargs):
-        if not (self.active and is_instrumentation_enabled()):
+    def sync_create(self, wrapped, instance, args, kwargs, alias: str | None = None):
+        if not is_instrumentation_enabled():
             return wrapped(*args, **kwargs)
-        kwargs, alias = _resolve_alias(kwargs)
         level = capture_level()
         call = self.decide(instance, kwargs, level)
         span = self.start(instance, call, alias)
@@ -123,10 +107,9 @@ class ChatTracing:
             raise
         return self.finish(span, result, call)
 
-    async def async_create(self, wrapped, instance, args, kwargs):
-        if not (self.active and is_instrumentation_enabled()):
+    async def async_create(self, wrapped, instance, args, kwargs, alias: str | None = None):
+        if not is_instrumentation_enabled():
             return await wrapped(*args, **kwargs)
-        kwargs, alias = _resolve_alias(kwargs)
         level = capture_level()
         base_url = self.needs_probe(instance, level)
         if base_url is not None:
