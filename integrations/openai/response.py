@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 from wrapt import ObjectProxy
 
 from agl_bridge import semconv as sc
@@ -79,12 +78,6 @@ def choice_from_message(choice: Any) -> Choice:
     if legacy is not None:
         out.legacy_call = {"name": legacy.name, "arguments": [legacy.arguments or ""]}
     return out
-
-
-def fail(span: trace.Span, exc: BaseException) -> None:
-    span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
-    span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 def record_common(span: trace.Span, call: Call, *, response_id: Any, model: Any,

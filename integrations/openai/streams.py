@@ -26,7 +26,9 @@ from opentelemetry import trace
 from wrapt import ObjectProxy
 
 from .request import Call
-from .response import Choice, fail, reasoning_of, record_common, record_ids
+from agl_bridge.errors import record_error
+
+from .response import Choice, reasoning_of, record_common, record_ids
 from .utils import extra
 
 logger = logging.getLogger(__name__)
@@ -135,13 +137,13 @@ class StreamRecorder:
         span, call = self.span, self.call
         try:
             record_common(span, call, response_id=self.response_id, model=self.model,
-                           choices=list(self.choices.values()), usage=self.usage)
+                          choices=list(self.choices.values()), usage=self.usage)
             completion = self.completion_ids
             if completion is None and self.prompt_ids is not None:
                 completion = []  # the stream stopped before choice 0 sent a token
             record_ids(span, call, self.prompt_ids, completion, self.logprobs)
             if exc is not None:
-                fail(span, exc)
+                record_error(span, exc, level=call.level)
         except Exception:
             logger.debug("agl_bridge: could not record a stream", exc_info=True)
         finally:

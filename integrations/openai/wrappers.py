@@ -19,10 +19,11 @@ from opentelemetry.trace import SpanKind
 
 from agl_bridge import semconv as sc
 from agl_bridge.capture import CaptureLevel, capture_level
+from agl_bridge.errors import record_error
 
 from .probe import ServerProbe
 from .request import Call, request_attributes
-from .response import RawResponseProxy, fail, record_response
+from .response import RawResponseProxy, record_response
 from .streams import AsyncStreamProxy, StreamProxy, StreamRecorder
 from .utils import given
 
@@ -102,7 +103,7 @@ class ChatTracing:
                                 set_status_on_exception=False):
                 result = wrapped(*args, **call.kwargs)
         except BaseException as exc:
-            fail(span, exc)
+            record_error(span, exc, level=call.level)
             span.end()
             raise
         return self.finish(span, result, call)
@@ -121,7 +122,7 @@ class ChatTracing:
                                 set_status_on_exception=False):
                 result = await wrapped(*args, **call.kwargs)
         except BaseException as exc:
-            fail(span, exc)
+            record_error(span, exc, level=call.level)
             span.end()
             raise
         return self.finish(span, result, call)
