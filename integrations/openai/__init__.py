@@ -38,6 +38,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 
