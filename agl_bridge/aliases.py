@@ -1,48 +1,124 @@
 """The alias table: what agents ask for (``coder``) -> the adapter version live now (``coder@v7``).
 
-The publisher writes it (atomically: temp file + rename); every agent process reads it through
-the OpenAI instrumentor on each call, so a new version goes live for running agents with no code
-change. Reading is cheap: one ``os.stat`` per call, and the JSON is parsed again only when the
-file's modification time or size changed. ``AGL_BRIDGE_ALIASES`` names the file; unset, nothing
-is resolved and nothing is read.
+The publisher writes it (atomically: temp file + rename); every agent process reads it on each
+call through alias routing on the OpenAI client (``enable_routing``; the OpenAI instrumentor
+turns it on), so a new version goes live for running agents with no code change. Reading is
+cheap: one ``os.stat`` per call, and the file is parsed again only when it changed (inode,
+modification time or size). ``AGL_BRIDGE_ALIASES`` names the file; unset, nothing is resolved
+and nothing is read.
+
+The file is ``{"aliases": {"<alias>": "<served model name>", ...}}``. It is read inside the
+agent's own ``create()`` call, so a file that cannot be used (missing, unreadable, not JSON, not
+that shape, or an alias mapped to anything but a non-empty string) must never fail that call:
+it is reported once, as a warning naming the path and what is wrong, and the last good table is
+kept (or, if there never was one, no alias is routed). A table is taken whole or not at all,
+because the publisher writes it whole: half of a damaged table could send one team's agents to
+adapters of different generations.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 ALIASES_ENV = "AGL_BRIDGE_ALIASES"
 
+logger = logging.getLogger(__name__)
+
+
+class AliasFileError(ValueError):
+    """The alias file's content is not a usable table; the message says what is wrong."""
+
+
+def parse_aliases(data: Any) -> dict[str, str]:
+    """The ``aliases`` mapping of a decoded alias file, or ``AliasFileError`` saying what is wrong.
+
+    Only a non-empty string routes: anything else sent as ``model`` would be a request the
+    server cannot answer, made on the agent's behalf.
+    """
+    if not isinstance(data, Mapping):
+        raise AliasFileError(f"the top level is {_kind(data)}, not an object")
+    if "aliases" not in data:
+        raise AliasFileError('it has no "aliases" key')
+    aliases = data["aliases"]
+    if not isinstance(aliases, Mapping):
+        raise AliasFileError(f'"aliases" is {_kind(aliases)}, not an object')
+    bad = [f"{alias!r} -> {target!r}" for alias, target in aliases.items()
+           if not (isinstance(alias, str) and alias and isinstance(target, str) and target)]
+    if bad:
+        raise AliasFileError("only non-empty strings can be aliases and targets; bad: "
+                             + ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else ""))
+    return dict(aliases)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
+
 
 class AliasTable:
+    """One alias file, re-read when it changes; ``resolve`` never raises."""
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._stamp: tuple[int, int] | None = None
-        self._aliases: dict[str, str] = {}
+        self._stamp: tuple[Any, ...] | None = None  # the file version read last, good or bad
+        self._aliases: dict[str, str] | None = None  # the last good table; None: never one
+        self._unusable = False  # the version read last was rejected
         self._lock = threading.Lock()
 
     def resolve(self, name: str) -> str | None:
         """The live version for alias ``name``, or None if it is not an alias."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
+        if not isinstance(name, str):
             return None
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = self._stat()
         if stamp != self._stamp:
             with self._lock:
                 if stamp != self._stamp:
-                    try:
-                        data = json.loads(self.path.read_text())
-                        self._aliases = dict(data.get("aliases", {}))
-                        self._stamp = stamp
-                    except (OSError, ValueError):
-                        return self._aliases.get(name)  # mid-replace or damaged: keep the last
-        return self._aliases.get(name)
+                    self._load(stamp)
+        aliases = self._aliases
+        return aliases.get(name) if aliases else None
+
+    def _stat(self) -> tuple[Any, ...]:
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            return ("unreadable", exc.errno)
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _load(self, stamp: tuple[Any, ...]) -> None:
+        """Read the file version ``stamp`` once; keep the last good table if it is unusable."""
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # the version actually read
+                raw = f.read()
+            aliases = parse_aliases(json.loads(raw))
+        except FileNotFoundError:
+            self._reject(stamp, "the file does not exist")
+        except OSError as exc:
+            self._reject(stamp, f"it cannot be read ({exc.strerror or type(exc).__name__})")
+        except AliasFileError as exc:
+            self._reject(stamp, str(exc))
+        except (ValueError, RecursionError) as exc:  # not UTF-8/JSON, or nested beyond reason
+            self._reject(stamp, f"it is not valid JSON ({type(exc).__name__})")
+        else:
+            if self._unusable:
+                logger.info("agl_bridge: alias file %s is usable again", self.path)
+            self._aliases, self._stamp, self._unusable = aliases, stamp, False
+
+    def _reject(self, stamp: tuple[Any, ...], what: str) -> None:
+        self._stamp, self._unusable = stamp, True  # reported once per file version
+        kept = (f"keeping the table read before ({len(self._aliases)} aliases)"
+                if self._aliases is not None else
+                "no alias is routed until it is fixed (model names are sent as they are)")
+        logger.warning("agl_bridge: alias file %s (%s) is not usable: %s; %s",
+                       self.path, ALIASES_ENV, what, kept)
 
     def read(self) -> dict[str, Any]:
         try:
@@ -51,7 +127,11 @@ class AliasTable:
             return {"aliases": {}}
 
     def write(self, aliases: dict[str, str]) -> None:
-        """Replace the table atomically: readers see the old or the new one, never a mix."""
+        """Replace the table atomically: readers see the old or the new one, never a mix.
+
+        A table agents would refuse is refused here first (``AliasFileError``).
+        """
+        parse_aliases({"aliases": aliases})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(json.dumps({"aliases": aliases, "updated_unix": time.time()}, indent=2))
@@ -72,3 +152,28 @@ def default_table() -> AliasTable | None:
     if path != _default_path:
         _default, _default_path = AliasTable(path), path
     return _default
+
+
+def enable_routing() -> None:
+    """Send every OpenAI ``chat.completions.create`` of this process to the live version of the
+    alias it asks for, whether or not it is traced (imports openai).
+
+    ``OpenAIInstrumentor().instrument()`` (and so ``AGL_BRIDGE_AUTO`` and
+    ``opentelemetry-instrument``) calls this unless given ``routing=False``.
+    """
+    from agl_bridge.integrations.openai import routing
+
+    routing.enable()
+
+
+def disable_routing() -> None:
+    """Send model names as agents write them. Tracing, if on, stays on."""
+    from agl_bridge.integrations.openai import routing
+
+    routing.disable()
+
+
+def routing_enabled() -> bool:
+    """Whether ``enable_routing`` is in force (never imports openai to find out)."""
+    routing = sys.modules.get("agl_bridge.integrations.openai.routing")
+    return routing is not None and routing.enabled()

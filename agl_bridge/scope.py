@@ -24,6 +24,7 @@ from opentelemetry import trace
 from agl_bridge import _lazy
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
+from agl_bridge.errors import record_error
 
 _SCOPE_KEY = otel_context.create_key("agl_bridge.scope")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -90,12 +91,22 @@ def _detach(token: Any) -> None:
 
 @contextlib.contextmanager
 def _scoped(span_name: str, extra_attributes: Mapping[str, Any], **scope: Any) -> Iterator[Any]:
-    """A scope change with a span around it that carries the new scope."""
+    """A scope change with a span around it that carries the new scope.
+
+    An exception leaving the block fails the span with its text kept by the capture level
+    (``record_error``), not by OpenTelemetry's defaults, which keep it all at every level.
+    """
     with scoped(**scope) as merged:
         attributes = {sc.SCOPE_ATTRIBUTES[k]: v for k, v in merged.items()}
         attributes.update(extra_attributes)
-        with tracer().start_as_current_span(span_name, attributes=attributes) as span:
-            yield span
+        with tracer().start_as_current_span(span_name, attributes=attributes,
+                                            record_exception=False,
+                                            set_status_on_exception=False) as span:
+            try:
+                yield span
+            except Exception as exc:  # as OpenTelemetry's default: not GeneratorExit & co.
+                record_error(span, exc)
+                raise
 
 
 @contextlib.contextmanager

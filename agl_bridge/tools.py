@@ -2,7 +2,8 @@
 
 For code whose tools no framework integration sees. Arguments and results are content: they are
 recorded (as JSON) only at ``AGL_BRIDGE_CAPTURE=messages``; the tool's name, duration and
-failure (``error.type``) always are, which is what tool rewards and retry counts need.
+failure (``error.type``) always are, which is what tool rewards and retry counts need. So is an
+exception's text (it can quote the arguments): ``agl_bridge.errors.record_error``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from opentelemetry.trace import Span, SpanKind, StatusCode
+from opentelemetry.trace import Span, SpanKind
 
 from agl_bridge import semconv as sc
 from agl_bridge.capture import capture_messages
+from agl_bridge.errors import record_error
 from agl_bridge.scope import scope_attributes, tracer
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,12 +49,6 @@ def _finish(span: Span, result: Any) -> None:
         span.set_attribute(sc.GEN_AI_TOOL_CALL_RESULT, _json(result))
 
 
-def _fail(span: Span, exc: BaseException) -> None:
-    span.set_attribute(sc.ERROR_TYPE, type(exc).__qualname__)
-    span.record_exception(exc)
-    span.set_status(StatusCode.ERROR, str(exc))
-
-
 @overload
 def tool(func: F) -> F: ...
 @overload
@@ -77,7 +73,7 @@ def tool(func=None, *, name=None, description=None):
                     try:
                         result = await f(*args, **kwargs)
                     except BaseException as exc:
-                        _fail(span, exc)
+                        record_error(span, exc)
                         raise
                     _finish(span, result)
                     return result
@@ -92,7 +88,7 @@ def tool(func=None, *, name=None, description=None):
                 try:
                     result = f(*args, **kwargs)
                 except BaseException as exc:
-                    _fail(span, exc)
+                    record_error(span, exc)
                     raise
                 _finish(span, result)
                 return result

@@ -17,12 +17,19 @@ spans get the scope too (``ScopeSpanProcessor``).
   LLM call (SelectorGroupChat) nests in it, attributed to the manager as an agent.
 * Handoffs: a ``HandoffMessage`` before a selection -> ``agl_bridge.coordination.handoff``.
 * Termination: ``agl_bridge.coordination.termination`` with the stop reason.
+
+Errors: an exception leaving an agent's turn or a speaker selection is recorded by the capture
+level (``agl_bridge.errors.record_error``). autogen-core's own ``invoke_agent`` span would record
+``str(exc)`` at every level (a server error that echoes the prompt puts the prompt there), so
+``_agent_turn`` records it on that span itself and closes AutoGen's context manager as if the
+turn had ended normally; the exception still propagates unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -37,6 +44,7 @@ from wrapt import wrap_function_wrapper
 
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
+from agl_bridge.errors import record_error
 from agl_bridge.scope import current_scope, scope_attributes, scoped
 
 logger = logging.getLogger(__name__)
@@ -176,10 +184,24 @@ class AutoGenInstrumentor(BaseInstrumentor):
                          turn_index=self._teams.next_turn(run, agent or ""))
         elif "episode_id" not in current_scope():
             scope["episode_id"] = uuid.uuid4().hex  # a lone agent's run is its own episode
-        with autogen_span_cm as span, scoped(**scope):
-            if span is not None and span.is_recording():
-                span.set_attributes(scope_attributes())
-            yield span
+        span = autogen_span_cm.__enter__()
+        exc_info: tuple[Any, Any, Any] = (None, None, None)
+        try:
+            with scoped(**scope):
+                if span is not None and span.is_recording():
+                    span.set_attributes(scope_attributes())
+                yield span
+        except Exception as exc:
+            # recorded here by the capture level; AutoGen's manager is told nothing went wrong,
+            # or it would record str(exc) (and its stack trace) whatever the level
+            if span is not None:
+                record_error(span, exc)
+            raise
+        except BaseException:  # cancellation and the like: AutoGen's manager sees them as is
+            exc_info = sys.exc_info()
+            raise
+        finally:
+            autogen_span_cm.__exit__(*exc_info)
 
     # -- coordination ----------------------------------------------------------------------
     def _select_speaker(self, strategy: str):
@@ -201,8 +223,13 @@ class AutoGenInstrumentor(BaseInstrumentor):
                         **scope_attributes(), sc.HANDOFF_FROM: getattr(last, "source", ""),
                         sc.COORDINATION_AGENT: getattr(last, "target", "")}).end()
                 with tracer_of().start_as_current_span(sc.SPAN_SELECT_SPEAKER, attributes={
-                        **scope_attributes(), sc.COORDINATION_STRATEGY: strategy}) as span:
-                    chosen = await wrapped(*args, **kwargs)
+                        **scope_attributes(), sc.COORDINATION_STRATEGY: strategy},
+                        record_exception=False, set_status_on_exception=False) as span:
+                    try:
+                        chosen = await wrapped(*args, **kwargs)
+                    except Exception as exc:  # the selector's LLM call failed, say
+                        record_error(span, exc)
+                        raise
                     speakers = [chosen] if isinstance(chosen, str) else list(chosen or [])
                     span.set_attribute(sc.COORDINATION_SPEAKERS, speakers)
                     return chosen

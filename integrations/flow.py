@@ -29,7 +29,7 @@ from agl_bridge.scope import emit_reward, episode, scoped
 class TaskRun:
     """One task of a workflow run. Use its methods in the order the orchestrator runs them."""
 
-    workflow: "Workflow"
+    workflow: Workflow
     task_id: str
     depends_on: tuple[str, ...]
     agent: str | None = None
@@ -78,7 +78,7 @@ class Workflow:
         self.tasks: dict[str, TaskRun] = {}
         self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> "Workflow":
+    def __enter__(self) -> Workflow:
         self._stack.enter_context(episode(task_id=self.task_id))
         self.workflow_id = self._stack.enter_context(workflow(self.workflow_id))
         return self

@@ -35,11 +35,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
-from opentelemetry.trace import Span, SpanKind, StatusCode
+from opentelemetry.trace import Span, SpanKind
 from wrapt import wrap_function_wrapper
 
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
+from agl_bridge.errors import record_error
 from agl_bridge.scope import context_with_scope, scope_of
 
 logger = logging.getLogger(__name__)
@@ -136,10 +137,8 @@ def _handler_class():
             if run.span is not None:
                 if attributes:
                     run.span.set_attributes(attributes)
-                if error is not None:
-                    run.span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
-                    run.span.record_exception(error)
-                    run.span.set_status(StatusCode.ERROR, str(error))
+                if error is not None:  # its text by the capture level: it can quote the prompt
+                    record_error(run.span, error)
                 run.span.end()
             try:  # out-of-order ends (parallel branches) must not spill errors into the app
                 run.token.var.reset(run.token)

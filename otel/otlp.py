@@ -219,7 +219,7 @@ def parse_json_request(obj: Any) -> tuple[ExportTraceServiceRequest, list[dict[s
                 try:
                     parsed = Span()
                     json_format.ParseDict(_ids_to_base64(span), parsed, ignore_unknown_fields=True)
-                except Exception as exc:  # noqa: BLE001 -- whatever is wrong, it is this span's
+                except Exception as exc:
                     rejected.append(_record(f"span not parsable: {exc}", span, rs.get("resource"),
                                             ss.get("scope", legacy.get("scope"))))
                     continue

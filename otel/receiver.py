@@ -248,7 +248,7 @@ class OTLPReceiver:
                 self.writer.write_rows(conversion.rows)
                 if conversion.rejected:
                     self.writer.quarantine(conversion.rejected)
-            except Exception as exc:  # noqa: BLE001 -- answer retryable, keep serving
+            except Exception as exc:
                 logger.exception("agl_bridge: writing %d received span(s) failed",
                                  len(conversion.rows))
                 self._count(requests_failed=1)
@@ -265,7 +265,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, receiver: OTLPReceiver) -> None:
         self.receiver = receiver
 
-    def Export(  # noqa: N802 -- the gRPC method's name
+    def Export(
             self, request: bytes, context: grpc.ServicerContext
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         rx = self.receiver
@@ -307,7 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 30  # a client that stops sending mid-body gives its thread back
     server: _HTTPServer
 
-    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+    def do_POST(self) -> None:
         rx = self.server.receiver
         is_json = _media_type(self.headers.get("Content-Type")) == _JSON_TYPE
         try:
@@ -385,7 +385,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- http.server's name
+    def log_message(self, format: str, *args: Any) -> None:
         logger.debug("agl_bridge collect: " + format, *args)
 
 

@@ -142,7 +142,7 @@ class DeferredTracing:
         self._lock = threading.Lock()
         self._original_set = trace.set_tracer_provider
 
-    def start(self) -> "DeferredTracing":
+    def start(self) -> DeferredTracing:
         current = trace.get_tracer_provider()
         if isinstance(current, TracerProvider):
             self._join(current)

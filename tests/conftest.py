@@ -60,12 +60,16 @@ def tiny(tmp_path_factory) -> Path:
 @pytest.fixture
 def instrumented():
     """The OpenAI instrumentor on for one test (framework tests override this fixture)."""
+    from agl_bridge.aliases import disable_routing, routing_enabled
     from agl_bridge.integrations.openai import OpenAIInstrumentor
 
+    routed = routing_enabled()
     inst = OpenAIInstrumentor()
     inst.instrument()
     yield inst
     inst.uninstrument()
+    if not routed:  # instrument() turned alias routing on, and uninstrument() leaves it on
+        disable_routing()
 
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -22,7 +22,9 @@ a call comes as a first delta with its id, type and name (empty arguments), then
 arguments in pieces, as OpenAI and vLLM's tool parsers send them. ``ids_for(body)`` can
 script the ids per request, and ``script(body)`` the reply and tool calls per request (for
 multi-agent runs whose agents must answer, vote or pick a speaker); ``stream_error_after``
-sends vLLM's in-stream error event after that many chunks.
+sends vLLM's in-stream error event after that many chunks. ``error_message(body)`` words the
+error (a ``status`` other than 200, or the in-stream error) per request, e.g. to echo the
+prompt as some servers do.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class ScriptedServer:
                  ids_for: Callable[[dict[str, Any]], tuple[list[int], list[int]]] | None = None,
                  script: Callable[[dict[str, Any]], tuple[str, list[dict[str, str]]]] | None = None,
                  chunk_delay_s: float = 0.0, stream_error_after: int | None = None,
-                 unique_ids: bool = False) -> None:
+                 unique_ids: bool = False,
+                 error_message: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.vllm = vllm
         self.reply = reply
         self.completion_ids = completion_ids or [11, 12, 13]
@@ -61,6 +64,7 @@ class ScriptedServer:
         self.stream_error_after = stream_error_after
         self.unique_ids = unique_ids  # response ids chatcmpl-scripted-1, -2, ... (else one id)
         self.responses = 0
+        self.error_message = error_message
         self.requests: list[dict[str, Any]] = []
         self.version_hits = 0
         self.streams_cut = 0  # streams the client closed before [DONE]
@@ -92,7 +96,9 @@ class ScriptedServer:
                 with server._lock:
                     server.requests.append(body)
                 if server.status != 200:
-                    return self._send(server.status, {"error": {"message": "scripted failure"}})
+                    message = (server.error_message(body) if server.error_message
+                               else "scripted failure")
+                    return self._send(server.status, {"error": {"message": message}})
                 if body.get("stream"):
                     return self._stream(body)
                 self._send(200, server.completion(body))
@@ -237,7 +243,8 @@ class ScriptedServer:
         out = [json.dumps(e) for e in events]
         if self.stream_error_after is not None:
             out = out[:self.stream_error_after] + [json.dumps({"error": {
-                "object": "error", "message": "scripted stream failure",
+                "object": "error", "message": (self.error_message(body) if self.error_message
+                                               else "scripted stream failure"),
                 "type": "InternalServerError", "param": None, "code": 500}})]
         return out + ["[DONE]"]
 

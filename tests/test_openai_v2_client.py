@@ -25,8 +25,7 @@ REQUIREMENTS = ["openai==2.2.0", "opentelemetry-sdk", "opentelemetry-instrumenta
 MARKER = VENV / "agl-bridge-venv.json"  # written last: a venv without it is rebuilt
 
 SCRIPT = r"""
-import asyncio, json, sys
-sys.path.insert(0, sys.argv[1])
+import asyncio, importlib.util, json, sys
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -40,7 +39,12 @@ trace.set_tracer_provider(provider)
 import openai
 import agl_bridge
 from agl_bridge.integrations.openai import OpenAIInstrumentor
-from tests.scripted_server import ScriptedServer
+# the scripted server from its file (tests are not installed in this venv)
+spec = importlib.util.spec_from_file_location("scripted_server", sys.argv[1])
+scripted_server = importlib.util.module_from_spec(spec)
+sys.modules["scripted_server"] = scripted_server  # dataclasses look their module up
+spec.loader.exec_module(scripted_server)
+ScriptedServer = scripted_server.ScriptedServer
 
 OpenAIInstrumentor().instrument()
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -126,13 +130,14 @@ def openai2_python() -> Path:
                                 "print(openai.__version__); print(m.__file__)"],
                  "import in the openai 2 venv").split()
     assert found[0] == "2.2.0"
-    assert Path(found[1]).resolve() == ROOT / "integrations" / "openai.py"  # this checkout
+    assert Path(found[1]).resolve() == ROOT / "integrations" / "openai" / "__init__.py"  # here
     return python
 
 
 @pytest.fixture(scope="module")
 def run2(openai2_python):
-    out = _run([openai2_python, "-c", SCRIPT, Path(__file__).parent], "the openai 2 script")
+    out = _run([openai2_python, "-c", SCRIPT, Path(__file__).with_name("scripted_server.py")],
+               "the openai 2 script")
     return json.loads(out.strip().splitlines()[-1])
 
 

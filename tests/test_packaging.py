@@ -54,17 +54,18 @@ def test_every_instrumentor_has_an_entry_point():
     """AGL_BRIDGE_AUTO and opentelemetry-instrument find instrumentors only by entry point."""
     import importlib
     import inspect
-    import pathlib
+    import pkgutil
     from importlib.metadata import entry_points
 
     from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-    root = pathlib.Path(__file__).resolve().parents[1]
-    found = set()
-    for folder, package in (("integrations", "agl_bridge.integrations"),
-                            ("otel", "agl_bridge.otel")):
-        for path in (root / folder).glob("*.py"):
-            module = importlib.import_module(f"{package}.{path.stem}")
+    import agl_bridge.integrations
+    import agl_bridge.otel
+
+    found = set()  # every module, packages' modules too (integrations/openai/ is a package)
+    for package in (agl_bridge.integrations, agl_bridge.otel):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            module = importlib.import_module(info.name)
             found |= {f"{module.__name__}:{name}" for name, obj in vars(module).items()
                       if inspect.isclass(obj) and issubclass(obj, BaseInstrumentor)
                       and obj is not BaseInstrumentor and obj.__module__ == module.__name__}

@@ -2,6 +2,7 @@
 fresh venv, an unmodified agent script, configuration by environment variables only."""
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from agl_bridge import semconv as sc
 from agl_bridge.parquet_io import iter_parquet_files
 from tests.scripted_server import ScriptedServer
 
@@ -42,13 +44,13 @@ def wheel_python(built_wheel) -> Path:
     return python
 
 
-def run_agent(python, base_url, env, *args):
+def run_agent(python, base_url, env, *args, agent=AGENT):
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
     # run from the program's own directory, as its user would (the repo root holds a source
     # folder named agl_bridge that would shadow the installed package)
-    return subprocess.run([str(python), str(AGENT), base_url, *args], env={**clean, **env},
-                          capture_output=True, text=True, timeout=120, cwd=AGENT.parent)
+    return subprocess.run([str(python), str(agent), base_url, *args], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120, cwd=agent.parent)
 
 
 def read_spans(directory):
@@ -72,6 +74,24 @@ def test_auto_captures_an_unmodified_program(wheel_python, tmp_path):
     assert all(f.relative_to(tmp_path / "traces").parts[1] == "service=my-agents" for f in files)
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     assert all(b["return_token_ids"] is True for b in server.requests)
+
+
+def test_auto_routes_aliases_even_where_tracing_is_suppressed(wheel_python, tmp_path):
+    """Routing is not tracing: the call the program keeps out of its traces still goes to the
+    live version of its alias (issue 14, item 10)."""
+    aliases = tmp_path / "aliases.json"
+    aliases.write_text('{"aliases": {"coder": "coder@v2"}}')
+    with ScriptedServer(vllm=True) as server:
+        out = run_agent(wheel_python, server.base_url, {
+            "AGL_BRIDGE_AUTO": "1", "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces"),
+            "AGL_BRIDGE_ALIASES": str(aliases)}, agent=AGENT.with_name("aliased_agent.py"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["coder@v2", "coder@v2"]
+    assert [b["model"] for b in server.requests] == ["coder@v2", "coder@v2"]
+    rows, _ = read_spans(tmp_path / "traces")
+    (chat,) = [r for r in rows if r["operation_name"] == "chat"]  # the suppressed one: no span
+    assert chat["request_model"] == "coder@v2" and chat["policy_version"] == "coder@v2"
+    assert json.loads(chat["attributes"])[sc.POLICY_ALIAS] == "coder"  # the alias asked for
 
 
 def test_unset_means_nothing_happens(wheel_python, tmp_path):

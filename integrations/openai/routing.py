@@ -1,0 +1,48 @@
+"""Alias routing: an agent that asks for ``model="coder"`` is sent to the version live now
+(``coder@v7``, from the table named by ``AGL_BRIDGE_ALIASES``; see ``agl_bridge.aliases``).
+
+Routing is not tracing. It decides which adapter answers, so it must not stop when tracing
+does: it runs in its own slot of the shared patch (``patch.py``), inside
+``suppress_instrumentation()`` and with the OpenAI instrumentor uninstrumented alike. The
+tracing wrapper still records the alias asked for (``agl_bridge.policy.alias``) and the version
+that answered (the response model).
+
+On: ``enable()`` (public as ``agl_bridge.aliases.enable_routing``); the OpenAI instrumentor
+calls it when it instruments (unless ``instrument(routing=False)``), so the zero-code path and
+``opentelemetry-instrument`` turn it on. Off: ``disable()`` only; uninstrumenting tracing leaves
+it as it is. With ``AGL_BRIDGE_ALIASES`` unset it sends every request as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agl_bridge.aliases import default_table
+
+from . import patch
+
+
+def route(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``(kwargs with the live version as model, the alias)``, or ``(kwargs, None)`` unchanged
+    when the model is not an alias (or no table is set)."""
+    table = default_table()
+    model = kwargs.get("model")
+    if table is None or not isinstance(model, str):
+        return kwargs, None
+    live = table.resolve(model)
+    if live is None or live == model:
+        return kwargs, None
+    return {**kwargs, "model": live}, model
+
+
+def enable() -> None:
+    """Route every ``chat.completions.create`` of this process through the alias table."""
+    patch.set_router(route)
+
+
+def disable() -> None:
+    patch.set_router(None)
+
+
+def enabled() -> bool:
+    return patch.router() is route

@@ -1,0 +1,128 @@
+"""The tracing wrappers of ``chat.completions.create``: one ``chat {model}`` span per call.
+
+``ChatTracing`` holds what one ``instrument()`` decided (tracer, token-id mode, probe) and wraps
+the sync and async ``create``: decide what to ask the server for, start the span, call, then
+record the response, or hand back a stream or raw response whose span ends with it. It runs in
+the tracing slot of the shared patch (``patch.py``), after routing: the request it sees already
+asks for the live version, and ``alias`` is what the agent asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.trace import SpanKind
+
+from agl_bridge import semconv as sc
+from agl_bridge.capture import CaptureLevel, capture_level
+from agl_bridge.errors import record_error
+
+from .probe import ServerProbe
+from .request import Call, request_attributes
+from .response import RawResponseProxy, record_response
+from .streams import AsyncStreamProxy, StreamProxy, StreamRecorder
+from .utils import given
+
+logger = logging.getLogger(__name__)
+
+TOKEN_IDS_ENV = "AGL_BRIDGE_TOKEN_IDS"  # auto (probe the server) | always | never
+MODES = ("auto", "always", "never")
+
+
+class ChatTracing:
+    """Traces ``create`` calls with one tracer, token-id mode and server probe."""
+
+    def __init__(self, tracer: trace.Tracer, mode: str, probe: ServerProbe,
+                 stream_types: tuple[type, type]) -> None:
+        if mode not in MODES:
+            raise ValueError(f"token_ids / {TOKEN_IDS_ENV} must be one of {MODES}, got {mode!r}")
+        self.tracer = tracer
+        self.mode = mode
+        self.probe = probe
+        self.stream_types = stream_types  # (Stream, AsyncStream)
+
+    # -- decisions ------------------------------------------------------------------------------
+    def needs_probe(self, instance: Any, level: CaptureLevel) -> str | None:
+        """The base URL to probe before this call, if one is needed and not yet known."""
+        if self.mode != "auto" or level < CaptureLevel.TOKEN_IDS:
+            return None
+        base_url = str(instance._client.base_url)
+        return base_url if self.probe.cached(base_url) is None else None
+
+    def decide(self, instance: Any, kwargs: dict[str, Any], level: CaptureLevel) -> Call:
+        """Which server this is and what to ask it for. ``none`` asks for nothing."""
+        if level < CaptureLevel.TOKEN_IDS:
+            server = self.probe.cached(str(instance._client.base_url)) or "unknown"
+            return Call(kwargs, level, server, want_ids=False)
+        if self.mode == "never":
+            return Call(kwargs, level, "unknown", want_ids=False)
+        if self.mode == "always":
+            return Call(kwargs, level, "vllm", want_ids=True)
+        kind = self.probe.kind(str(instance._client.base_url))
+        return Call(kwargs, level, kind, want_ids=kind == "vllm")
+
+    # -- the span -------------------------------------------------------------------------------
+    def start(self, instance: Any, call: Call, alias: str | None = None) -> trace.Span:
+        model = call.kwargs.get("model") if given(call.kwargs.get("model")) else None
+        attributes = request_attributes(call.kwargs, instance, call)
+        if alias is not None:
+            attributes[sc.POLICY_ALIAS] = alias
+        return self.tracer.start_span(sc.chat_span_name(model), kind=SpanKind.CLIENT,
+                                      attributes=attributes)
+
+    def finish(self, span: trace.Span, result: Any, call: Call) -> Any:
+        """Wrap a stream (its span ends with it) or record a response and end the span."""
+        if call.stream and isinstance(result, self.stream_types):
+            recorder = StreamRecorder(span, call)
+            if isinstance(result, self.stream_types[1]):
+                return AsyncStreamProxy(result, recorder)
+            return StreamProxy(result, recorder)
+        if callable(getattr(result, "parse", None)) and hasattr(result, "http_response"):
+            return RawResponseProxy(result, lambda parsed: self.finish(span, parsed, call), span)
+        try:
+            record_response(span, result, call)
+        except Exception:
+            logger.debug("agl_bridge: could not record a response", exc_info=True)
+        finally:
+            span.end()
+        return result
+
+    # -- wrappers -------------------------------------------------------------------------------
+    def sync_create(self, wrapped, instance, args, kwargs, alias: str | None = None):
+        if not is_instrumentation_enabled():
+            return wrapped(*args, **kwargs)
+        level = capture_level()
+        call = self.decide(instance, kwargs, level)
+        span = self.start(instance, call, alias)
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=False,
+                                set_status_on_exception=False):
+                result = wrapped(*args, **call.kwargs)
+        except BaseException as exc:
+            record_error(span, exc, level=call.level)
+            span.end()
+            raise
+        return self.finish(span, result, call)
+
+    async def async_create(self, wrapped, instance, args, kwargs, alias: str | None = None):
+        if not is_instrumentation_enabled():
+            return await wrapped(*args, **kwargs)
+        level = capture_level()
+        base_url = self.needs_probe(instance, level)
+        if base_url is not None:
+            await asyncio.to_thread(self.probe.kind, base_url)  # never block the event loop
+        call = self.decide(instance, kwargs, level)
+        span = self.start(instance, call, alias)
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=False,
+                                set_status_on_exception=False):
+                result = await wrapped(*args, **call.kwargs)
+        except BaseException as exc:
+            record_error(span, exc, level=call.level)
+            span.end()
+            raise
+        return self.finish(span, result, call)

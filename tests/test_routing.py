@@ -1,0 +1,161 @@
+"""Alias routing is not tracing (issue 14, item 10): agents get the live adapter version inside
+``suppress_instrumentation()``, with the OpenAI instrumentor uninstrumented or never on, and the
+tracing wrapper, when it is on, records the alias and the version that answered."""
+
+import asyncio
+import json
+
+import openai
+import pytest
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+from agl_bridge import semconv as sc
+from agl_bridge.aliases import ALIASES_ENV
+from agl_bridge.integrations.openai import OpenAIInstrumentor
+from tests.scripted_server import ScriptedServer
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def table(tmp_path, monkeypatch):
+    path = tmp_path / "aliases.json"
+    path.write_text(json.dumps({"aliases": {"team": "team@v1"}}))
+    monkeypatch.setenv(ALIASES_ENV, str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def routing_off_afterwards():
+    """Routing is process-wide; each test starts and ends with it off."""
+    from agl_bridge.aliases import disable_routing
+
+    disable_routing()
+    yield
+    disable_routing()
+
+
+def chat_spans(spans):
+    return [s for s in spans.get_finished_spans() if s.name.startswith("chat")]
+
+
+def ask(client, model="team"):
+    return client.chat.completions.create(model=model, messages=MESSAGES)
+
+
+async def ask_async(base_url, model="team"):
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0)
+    return await client.chat.completions.create(model=model, messages=MESSAGES)
+
+
+def test_routing_works_inside_suppress_instrumentation(table, spans, instrumented):
+    with ScriptedServer(vllm=False) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        with suppress_instrumentation():
+            ask(client)
+            asyncio.run(ask_async(server.base_url))
+        ask(client)
+    assert [b["model"] for b in server.requests] == ["team@v1"] * 3
+    (span,) = chat_spans(spans)  # suppressed calls are not traced, yet they are routed
+    assert span.attributes[sc.POLICY_ALIAS] == "team"
+
+
+def test_routing_outlives_the_instrumentor(table, spans):
+    inst = OpenAIInstrumentor()
+    inst.instrument()
+    inst.uninstrument()
+    with ScriptedServer(vllm=False) as server:
+        ask(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+        asyncio.run(ask_async(server.base_url))
+    assert [b["model"] for b in server.requests] == ["team@v1"] * 2
+    assert chat_spans(spans) == []
+
+
+def test_routing_on_its_own_and_off_again(table, spans):
+    from agl_bridge.aliases import disable_routing, enable_routing, routing_enabled
+
+    enable_routing()
+    assert routing_enabled()
+    with ScriptedServer(vllm=False) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        ask(client)
+        disable_routing()
+        ask(client)
+    assert [b["model"] for b in server.requests] == ["team@v1", "team"]
+    assert not routing_enabled() and chat_spans(spans) == []
+    # both slots empty: the client is the SDK's own again
+    from openai.resources.chat.completions import AsyncCompletions, Completions
+    from wrapt import ObjectProxy
+
+    assert not isinstance(vars(Completions)["create"], ObjectProxy)
+    assert not isinstance(vars(AsyncCompletions)["create"], ObjectProxy)
+
+
+@pytest.mark.parametrize("routing_first", [True, False])
+def test_the_span_records_the_alias_and_the_version_that_answered(
+        routing_first, table, spans):
+    from agl_bridge.aliases import enable_routing
+
+    inst = OpenAIInstrumentor()
+    if routing_first:
+        enable_routing()
+    inst.instrument()
+    try:
+        with ScriptedServer(vllm=True) as server:
+            response = ask(openai.OpenAI(base_url=server.base_url, api_key="k"))
+            asyncio.run(ask_async(server.base_url))
+    finally:
+        inst.uninstrument()
+    assert response.model == "team@v1"
+    for span in chat_spans(spans):
+        a = span.attributes
+        assert span.name == "chat team@v1" and a[sc.GEN_AI_REQUEST_MODEL] == "team@v1"
+        assert a[sc.POLICY_ALIAS] == "team" and a[sc.POLICY_VERSION] == "team@v1"
+    assert len(chat_spans(spans)) == 2
+
+
+def test_instrument_with_routing_off_sends_names_as_written(table, spans):
+    inst = OpenAIInstrumentor()
+    inst.instrument(routing=False)
+    try:
+        with ScriptedServer(vllm=False) as server:
+            ask(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    finally:
+        inst.uninstrument()
+    assert server.requests[0]["model"] == "team"
+    (span,) = chat_spans(spans)
+    assert sc.POLICY_ALIAS not in span.attributes
+
+
+def test_a_failing_router_never_fails_the_call(table, spans, caplog):
+    from agl_bridge.integrations.openai import patch
+
+    def broken(kwargs):
+        raise RuntimeError("boom")
+
+    patch.set_router(broken)
+    try:
+        with ScriptedServer(vllm=False) as server:
+            response = ask(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+    finally:
+        patch.set_router(None)
+    assert response.choices[0].message.content == "hello"
+    assert server.requests[0]["model"] == "team"
+    assert any("alias routing failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_routing_instrumentor_routes_without_tracing(table, spans):
+    from agl_bridge.aliases import routing_enabled
+    from agl_bridge.integrations.openai import RoutingInstrumentor
+
+    inst = RoutingInstrumentor()
+    inst.instrument()
+    try:
+        assert routing_enabled()
+        with ScriptedServer(vllm=False) as server:
+            ask(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
+        assert [b["model"] for b in server.requests] == ["team@v1"]
+        assert chat_spans(spans) == []  # routed, not traced
+    finally:
+        inst.uninstrument()
+    assert not routing_enabled()
