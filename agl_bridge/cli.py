@@ -43,7 +43,8 @@ def _convert(args: argparse.Namespace) -> int:
                            missing_reward=missing, retokenize=args.retokenize,
                            evaluation_weights=_weights(args.evaluation, "--evaluation"),
                            evaluation_labels=_weights(args.evaluation_label,
-                                                      "--evaluation-label"))
+                                                      "--evaluation-label"),
+                           recipe=_recipe(args.rewards))
 
     def progress(done: int, total: int) -> None:
         if sys.stderr.isatty() or total > 1:
@@ -75,7 +76,7 @@ def _train(args: argparse.Namespace) -> int:
     run = train_from_traces(args.traces, args.base_model, algorithm=algorithm, policy=policy,
                             output_dir=args.output_dir, adapter_name=args.adapter_name,
                             init_adapters=init, resume_from_checkpoint=args.resume or None,
-                            **options)
+                            rewards=args.rewards, **options)
     if run.conversion is not None:
         print(run.conversion.summary())
     for name, path in run.adapters.items():
@@ -251,6 +252,14 @@ def _feedback(args: argparse.Namespace) -> int:
     return 1 if summary.bad_count else 0
 
 
+def _recipe(path: str | None):  # -> Recipe | None
+    if path is None:
+        return None
+    from agl_bridge.trainer.rewards.recipes import load_recipe
+
+    return load_recipe(path)
+
+
 def _weights(pairs: list[str] | None, what: str) -> dict[str, float] | None:
     """``NAME=NUMBER`` pairs (``--evaluation helpful=1``) as a mapping, checked."""
     if not pairs:
@@ -337,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "and count disagreements with recorded ids")
     c.add_argument("--max-rows-in-memory", type=int, default=100_000,
                    help="past this many span rows, convert bucket by bucket (flat memory)")
+    c.add_argument("--rewards", metavar="RECIPE.toml",
+                   help="a reward recipe: rewards derived from what the spans hold (tool "
+                        "failures, votes, DAG tasks, cost) and which evaluations count")
     c.add_argument("--evaluation", action="append", metavar="NAME=WEIGHT",
                    help="count evaluations (feedback, gen_ai.evaluation.result, judges) named "
                         "NAME with this weight; repeatable. Unset: every name, weight 1; once "
@@ -365,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int)
     t.add_argument("--save-steps", type=int, help="checkpoint every N optimizer steps")
     t.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
+    t.add_argument("--rewards", metavar="RECIPE.toml",
+                   help="a reward recipe applied at conversion (see agl-bridge convert)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --output-dir")
     t.set_defaults(func=_train)

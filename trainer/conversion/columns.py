@@ -7,6 +7,8 @@ a span is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,17 +25,19 @@ COLUMNS = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", 
 RETOKENIZED = "retokenized"
 
 
-def columns_to_read(retokenize: bool) -> list[str]:
-    """The span file columns conversion reads, in schema order."""
-    wanted = set(COLUMNS) | set(REQUIRED_SPAN_COLUMNS) | ({"attributes"} if retokenize else set())
-    return [c for c in SPAN_SCHEMA.names if c != "name" and c in wanted]
+def columns_to_read(retokenize: bool, extra: Sequence[str] = ()) -> list[str]:
+    """The span file columns conversion reads, in schema order (``extra``: those a reward
+    recipe reads besides)."""
+    wanted = set(COLUMNS) | set(REQUIRED_SPAN_COLUMNS) | set(extra) | (
+        {"attributes"} if retokenize else set())
+    return [c for c in SPAN_SCHEMA.names if (c != "name" or c in extra) and c in wanted]
 
 
-def conform(spans: pa.Table) -> pa.Table:
-    """``COLUMNS`` in SPAN_SCHEMA types (absent optional ones as nulls), plus the
+def conform(spans: pa.Table, extra: Sequence[str] = ()) -> pa.Table:
+    """``COLUMNS`` and ``extra`` in SPAN_SCHEMA types (absent ones as nulls), plus the
     ``retokenized`` flag when retokenization set it."""
     cols, fields = [], []
-    for name in COLUMNS:
+    for name in (*COLUMNS, *(c for c in extra if c not in COLUMNS)):
         f = SPAN_SCHEMA.field(name)
         if name in spans.column_names:
             col = spans[name]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from agl_bridge.trainer.rewards.credit import AdvantageUnit, Algorithm
+from agl_bridge.trainer.rewards.recipes import Recipe
 
 MissingReward = Literal["drop"] | float
 
@@ -31,9 +32,18 @@ class ConvertConfig:
     # weight (None: every name, weight 1; 0 leaves a name out); labels scores label-only ones
     evaluation_weights: Mapping[str, float] | None = None
     evaluation_labels: Mapping[str, float] | None = None
+    # rewards derived from what the spans hold (``rewards.recipes``); its [evaluations] table
+    # sets the two above when they are not given
+    recipe: Recipe | None = None
+
+    @property
+    def extra_columns(self) -> tuple[str, ...]:
+        """Span columns read besides the converter's own (the recipe's)."""
+        return self.recipe.columns if self.recipe is not None else ()
 
 
 AgentTurn = tuple[str | None, int | None]
+TermAgent = tuple[str, str | None]
 
 
 @dataclass
@@ -53,6 +63,9 @@ class ConversionStats:
     rewards: list[float] = field(default_factory=list)
     zero_variance_groups: int = 0
     groups: int = 0
+    # (term, agent) -> the summed value of its rewards
+    recipe: defaultdict[TermAgent, float] = field(default_factory=lambda: defaultdict(float))
+    recipe_rewards: Counter[TermAgent] = field(default_factory=Counter)  # -> rewards derived
 
     MAX_LISTED = 20  # rejected rewards listed by place; all are counted in ``notes``
 
@@ -66,6 +79,9 @@ class ConversionStats:
         self.skipped.update(other.skipped)
         self.notes.update(other.notes)
         self.per_agent_turn.update(other.per_agent_turn)
+        for key, value in other.recipe.items():
+            self.recipe[key] += value
+        self.recipe_rewards.update(other.recipe_rewards)
         self.rewards += other.rewards
         room = max(0, self.MAX_LISTED - len(self.rejected_rewards))
         self.rejected_rewards += other.rejected_rewards[:room]
@@ -88,6 +104,11 @@ class ConversionStats:
             cells = ", ".join(f"{a}@{t}: {n}" for (a, t), n in sorted(
                 self.per_agent_turn.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)))
             lines.append(f"  transitions per agent@turn: {cells}")
+        for (term, agent), total in sorted(self.recipe.items(), key=lambda kv: (kv[0][0],
+                                                                                str(kv[0][1]))):
+            n = self.recipe_rewards[(term, agent)]
+            lines.append(f"  recipe {term}: {agent if agent is not None else '(episode)'} "
+                         f"{total:+.4f} in {n} reward(s)")
         lines += [f"  skipped {n} LLM call(s): {why}" for why, n in sorted(self.skipped.items())]
         lines += [f"  note: {n} x {why}" for why, n in sorted(self.notes.items())]
         lines += [f"  rejected reward: {where}" for where in self.rejected_rewards]

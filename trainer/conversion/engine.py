@@ -107,6 +107,12 @@ def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
     cfg = config or ConvertConfig()
     if missing_reward is not None:
         cfg = dataclasses.replace(cfg, missing_reward=missing_reward)
+    recipe = cfg.recipe
+    if recipe is not None:  # the recipe's [evaluations], unless given explicitly
+        if cfg.evaluation_weights is None and recipe.evaluation_weights is not None:
+            cfg = dataclasses.replace(cfg, evaluation_weights=recipe.evaluation_weights)
+        if cfg.evaluation_labels is None and recipe.evaluation_labels is not None:
+            cfg = dataclasses.replace(cfg, evaluation_labels=recipe.evaluation_labels)
     return cfg
 
 
@@ -133,7 +139,7 @@ def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertCo
 def _route(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
            max_rows_in_memory: int, progress: Progress | None,
            evaluations: Mapping[str, list[EvaluationReward]] | None) -> ConversionStats:
-    columns = columns_to_read(bool(cfg.retokenize))
+    columns = columns_to_read(bool(cfg.retokenize), cfg.extra_columns)
     if not cfg.retokenize:
         plan = stream_plan(files, max_rows_in_memory, columns)
         if plan is not None:

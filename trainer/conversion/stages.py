@@ -55,12 +55,14 @@ from agl_bridge.trainer.conversion.reward_spans import (
     REWARD_COLUMNS,
     EpisodeRewards,
     add_evaluations,
+    add_recipe,
     read_rewards,
 )
 from agl_bridge.trainer.conversion.turns import assign_turns
 from agl_bridge.trainer.rewards.advantages import group_advantages
 from agl_bridge.trainer.rewards.credit import discounted, group_ids, transition_rewards
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
+from agl_bridge.trainer.rewards.recipes import EPISODE_KEY
 
 # the per-call columns carried through the stages (the lists stay in the span table)
 _SMALL = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "task_id",
@@ -133,7 +135,7 @@ def convert_rows(spans: pa.Table, cfg: ConvertConfig, source: str = "",
     without) of ``spans`` (SPAN_SCHEMA columns, the required ones at least). ``source`` names
     where the rows came from, for messages; ``evaluations``: rewards that arrived after the
     fact, by episode key (``conversion/evaluations.py``)."""
-    spans = conform(spans).combine_chunks()
+    spans = conform(spans, cfg.extra_columns).combine_chunks()
     episodes = episode_keys(spans)
     is_reward = pc.is_valid(spans["reward_value"])
     rows = pc.invert(is_evaluation(spans))  # evaluation records are not an episode's spans
@@ -146,6 +148,9 @@ def convert_rows(spans: pa.Table, cfg: ConvertConfig, source: str = "",
     rewards = read_rewards(spans.select(REWARD_COLUMNS).filter(is_reward), stats, source)
     if evaluations:
         add_evaluations(rewards, present.to_pylist(), evaluations, stats)
+    if cfg.recipe is not None and cfg.recipe.terms:
+        add_recipe(rewards, cfg.recipe.apply(spans.filter(rows).append_column(
+            EPISODE_KEY, arr(episodes.filter(rows)))), stats)
     table = convert_table(spans, cfg, stats, rewards, episodes=episodes, select=select)
     return table, stats
 

@@ -222,7 +222,8 @@ def units(episodes: pa.Array, pair_eps: list, pair_tasks: list) -> Any:
 _RELEASE_EVERY = 32
 
 
-def _read_ahead(plan: StreamPlan, columns: list[str]) -> Iterator[tuple]:
+def _read_ahead(plan: StreamPlan, columns: list[str], extra: Sequence[str] = ()
+                ) -> Iterator[tuple]:
     """The second pass's reads, one batch ahead in a thread (Parquet decoding releases the
     GIL): ("batch", path, table), ("unreadable", path, why), ("read", path) per file."""
     q: queue.Queue = queue.Queue(maxsize=1)
@@ -250,7 +251,7 @@ def _read_ahead(plan: StreamPlan, columns: list[str]) -> Iterator[tuple]:
                     # (benchmarks/README_convert.md)
                     for batch in pf.iter_batches(batch_size=plan.batch_rows, use_threads=False,
                                                  columns=[c for c in columns if c in names]):
-                        put(("batch", path, conform(pa.Table.from_batches([batch])),
+                        put(("batch", path, conform(pa.Table.from_batches([batch]), extra),
                              start))
                         start += batch.num_rows
                         if stop.is_set():
@@ -322,7 +323,7 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
             try:
                 held: pa.Table | None = None  # rows of units still open, one chunk
                 held_done = np.zeros(0, np.int64)
-                for item in _read_ahead(plan, columns):
+                for item in _read_ahead(plan, columns, cfg.extra_columns):
                     if item[0] == "unreadable":
                         stats.notes[reasons.unreadable_file(item[1].name, item[2])] += 1
                         continue

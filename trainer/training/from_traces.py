@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from agl_bridge.trainer.conversion import ConversionStats, ConvertConfig, convert
 from agl_bridge.trainer.rewards.credit import ALGORITHMS, Algorithm
+from agl_bridge.trainer.rewards.recipes import Recipe, load_recipe
 from agl_bridge.trainer.training.config import POLICIES, Policy
 
 
@@ -69,6 +70,7 @@ def train_from_traces(
     progress: bool = True,
     resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
     adapters_dir: str | os.PathLike[str] | None = None,
+    rewards: str | os.PathLike[str] | Recipe | None = None,
     **options: Any,
 ) -> TrainRun:
     """Convert ``traces`` (span Parquet, OTLP/JSON, or a transitions file) and train.
@@ -81,7 +83,8 @@ def train_from_traces(
     Checkpoints (``save_steps``) go to ``<output_dir>/checkpoints``; ``resume_from_checkpoint``
     (True: the latest there) continues an interrupted run on the same transitions.
     ``adapters_dir`` (default ``<output_dir>/adapters``) is where versions are numbered: give
-    successive runs the same one and their versions count on (v1, v2, ...).
+    successive runs the same one and their versions count on (v1, v2, ...). ``rewards``: a
+    reward recipe (a TOML path or a ``Recipe``) applied at conversion.
     """
     from agl_bridge.trainer.training.config import GRPOConfig
     from agl_bridge.trainer.training.loop import train_policy
@@ -102,8 +105,9 @@ def train_from_traces(
         transitions = out / "transitions.parquet"  # the data the interrupted run trained on
     else:
         transitions = out / "transitions.parquet"
+        recipe = load_recipe(rewards) if isinstance(rewards, (str, os.PathLike)) else rewards
         stats = convert(traces, transitions,
-                        ConvertConfig(algorithm=algorithm, **convert_options))
+                        ConvertConfig(algorithm=algorithm, recipe=recipe, **convert_options))
         if stats.transitions == 0:
             raise ValueError(f"no transitions from {traces}:\n{stats.summary()}")
     metrics_path = out / "metrics.jsonl"
