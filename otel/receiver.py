@@ -1,4 +1,4 @@
-"""Spans from outside the process into span Parquet: an OTLP receiver and a Collector-file import.
+"""Spans from outside the process into span Parquet: the OTLP receiver (``agl-bridge collect``).
 
 ``OTLPReceiver`` is ``agl-bridge collect``: for teams without an OpenTelemetry Collector, it
 speaks OTLP/HTTP (``POST /v1/traces``, protobuf or OTLP/JSON, gzip/deflate bodies) and OTLP/gRPC
@@ -23,30 +23,26 @@ Answers follow the OTLP specification, so standard exporters retry only what is 
 ``stop`` refuses new requests, lets those in flight finish, then closes the writer, which turns
 the write-ahead logs into Parquet files.
 
-``import_otlp_json`` is ``agl-bridge import``: the Collector's file exporter writes one OTLP/JSON
-request per line; a malformed line is reported with file:line and quarantined, the rest imported.
+``agl-bridge import`` (Collector files) lives in ``collector_files``; its names are importable
+from here too, where they were first.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hmac
 import json
 import logging
-import os
 import re
 import socket
 import socketserver
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -56,6 +52,11 @@ from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from agl_bridge.otel import http_body, otlp
+from agl_bridge.otel.collector_files import (  # noqa: F401 -- re-exported, see the docstring
+    ImportSummary,
+    import_otlp_json,
+    otlp_json_files,
+)
 from agl_bridge.otel.http_body import Refused
 from agl_bridge.otel.parquet_writer import SpanParquetWriter
 
@@ -487,107 +488,3 @@ def _status_body(refused: Refused, is_json: bool) -> bytes:
     if is_json:
         return json.dumps(json_format.MessageToDict(status)).encode()
     return status.SerializeToString()
-
-
-# -- Collector files ---------------------------------------------------------------------------
-_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_WRITE_EVERY_ROWS = 10_000
-
-
-@dataclass
-class ImportSummary:
-    files: int = 0
-    lines: int = 0
-    lines_bad: int = 0
-    spans_written: int = 0
-    spans_rejected: int = 0
-    bad: list[str] = field(default_factory=list)  # "file:line: why", in file order
-
-    def summary(self) -> str:
-        return (f"imported {self.spans_written} span(s) from {self.lines} line(s) in "
-                f"{self.files} file(s); {self.lines_bad} bad line(s), "
-                f"{self.spans_rejected} span(s) quarantined")
-
-
-def otlp_json_files(sources: Sequence[str | os.PathLike[str]], *,
-                    exclude: Path | None = None) -> list[Path]:
-    """The files to import: given files as they are, directories searched for .json/.jsonl(.gz).
-
-    ``exclude`` (the output directory) is skipped, or its own quarantine files would be read.
-    """
-    files: list[Path] = []
-    for src in sources:
-        p = Path(src)
-        if p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and q.name.endswith(_SUFFIXES)
-                           and not (exclude and q.resolve().is_relative_to(exclude.resolve())))
-            if not found:
-                raise FileNotFoundError(f"no {', '.join(_SUFFIXES)} files under {p}")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"no such file or directory: {p}")
-    for path in files:
-        with open(path, "rb") as f:
-            if f.read(4) == _ZSTD_MAGIC:
-                raise ValueError(f"{path} is zstd-compressed; decompress it first (zstd -d)")
-    return files
-
-
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with open(path, "rb") as f:
-        gzipped = f.read(2) == _GZIP_MAGIC
-    opener = gzip.open if gzipped else open
-    with opener(path, "rb") as f:
-        yield from enumerate(f, 1)
-
-
-def import_otlp_json(sources: Sequence[str | os.PathLike[str]], writer: SpanParquetWriter,
-                     *, on_bad_line: Callable[[str], None] | None = None) -> ImportSummary:
-    """Import Collector file-exporter output (one OTLP/JSON request per line) into ``writer``.
-
-    Bad lines and spans are quarantined with their source ``file:line``; the writer stays open.
-    """
-    summary = ImportSummary()
-    rows: list[dict[str, Any]] = []
-    quarantine: list[dict[str, Any]] = []
-
-    def bad(source: str, error: str, line: bytes | None) -> None:
-        summary.lines_bad += 1
-        summary.bad.append(f"{source}: {error}")
-        quarantine.append({"error": error, "source": source,
-                           "line": None if line is None else line.decode("utf-8", "replace")})
-        if on_bad_line is not None:
-            on_bad_line(f"{source}: {error}")
-
-    for path in otlp_json_files(sources, exclude=writer.directory):
-        summary.files += 1
-        lineno = 0
-        try:
-            for lineno, line in _lines(path):
-                line = line.rstrip(b"\r\n")
-                if not line.strip():
-                    continue
-                summary.lines += 1
-                try:
-                    conversion = otlp.decode_json(line)
-                except otlp.MalformedRequest as exc:
-                    bad(f"{path}:{lineno}", str(exc)[:500], line)
-                    continue
-                rows.extend(conversion.rows)
-                quarantine.extend(dict(r, source=f"{path}:{lineno}") for r in conversion.rejected)
-                summary.spans_rejected += len(conversion.rejected)
-                if len(rows) >= _WRITE_EVERY_ROWS:
-                    writer.write_rows(rows)
-                    summary.spans_written += len(rows)
-                    rows = []
-        except (OSError, EOFError, zlib.error) as exc:  # a gzip stream cut short or corrupt
-            bad(f"{path}:{lineno + 1}", f"cannot read further: {exc}", None)
-    writer.write_rows(rows)
-    summary.spans_written += len(rows)
-    if quarantine:
-        writer.quarantine(quarantine)
-    return summary

@@ -14,7 +14,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from agl_bridge import semconv as sc
 from agl_bridge.otel import SpanParquetWriter, otlp
-from agl_bridge.otel.receiver import import_otlp_json
+from agl_bridge.otel.collector_files import import_otlp_json
 from agl_bridge.otel.rows import rows_to_table, span_to_row
 from test_otlp_receiver import (
     agent_team,
