@@ -7,8 +7,10 @@ receiver; a malformed line is reported with ``file:line`` and quarantined, the r
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
+import stat
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ _WRITE_EVERY_ROWS = 10_000
 class ImportSummary:
     files: int = 0
     lines: int = 0
-    lines_bad: int = 0
+    lines_bad: int = 0  # an unreadable file counts as one bad line (its first)
     spans_written: int = 0
     spans_rejected: int = 0
     bad: list[str] = field(default_factory=list)  # "file:line: why", in file order
@@ -44,25 +46,43 @@ def otlp_json_files(sources: Sequence[str | os.PathLike[str]], *,
     """The files to import: given files as they are, directories searched for .json/.jsonl(.gz).
 
     ``exclude`` (the output directory) is skipped, or its own quarantine files would be read.
+    A name that looks like a file but cannot be read as one (a symlink loop, a dangling link, a
+    FIFO) is listed too, so that the import reports it rather than skipping it unsaid.
     """
     files: list[Path] = []
+    outside = os.path.realpath(exclude) if exclude else None
     for src in sources:
         p = Path(src)
         if p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and q.name.endswith(_SUFFIXES)
-                           and not (exclude and q.resolve().is_relative_to(exclude.resolve())))
+            found = sorted(q for q in p.rglob("*") if q.name.endswith(_SUFFIXES)
+                           and not q.is_dir() and not (
+                               outside and Path(os.path.realpath(q)).is_relative_to(outside)))
             if not found:
                 raise FileNotFoundError(f"no {', '.join(_SUFFIXES)} files under {p}")
             files.extend(found)
-        elif p.is_file():
+        elif os.path.lexists(p):
             files.append(p)
         else:
             raise FileNotFoundError(f"no such file or directory: {p}")
     for path in files:
-        with open(path, "rb") as f:
-            if f.read(4) == _ZSTD_MAGIC:
-                raise ValueError(f"{path} is zstd-compressed; decompress it first (zstd -d)")
+        if _unreadable(path) is None:
+            with open(path, "rb") as f:
+                if f.read(4) == _ZSTD_MAGIC:
+                    raise ValueError(f"{path} is zstd-compressed; decompress it first (zstd -d)")
     return files
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a regular file, or None. Never opens it (a FIFO blocks)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+        if path.is_symlink():
+            return f"a dangling symlink to {os.readlink(path)}"
+        return exc.strerror or str(exc)
+    return None if stat.S_ISREG(mode) else "not a regular file"
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -94,6 +114,10 @@ def import_otlp_json(sources: Sequence[str | os.PathLike[str]], writer: SpanParq
     for path in otlp_json_files(sources, exclude=writer.directory):
         summary.files += 1
         lineno = 0
+        why = _unreadable(path)
+        if why is not None:  # nothing of it can be read: its first line is the bad one
+            bad(f"{path}:1", f"cannot read: {why}", None)
+            continue
         try:
             for lineno, line in _lines(path):
                 line = line.rstrip(b"\r\n")
