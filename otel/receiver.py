@@ -291,7 +291,8 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
 # -- OTLP/HTTP ---------------------------------------------------------------------------------
 _MAX_REQUEST_LINE = 65536  # what http.server allows; longer is 414
 _MAX_BLANK_LINES = 8  # RFC 9112 2.2: empty lines before a request line are ignored
-_REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ [!-~\x80-\xff]+ HTTP/[0-9]\.[0-9]\r?\n")
+_REQUEST_LINE = re.compile(
+    rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ [!-~\x80-\xff]+ HTTP/([0-9])\.[0-9]\r?\n")
 _FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_FIELD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # controls; CR LF: obsolete folding
 _LINGER_S = 2.0
@@ -348,8 +349,12 @@ class _Handler(BaseHTTPRequestHandler):
         if len(line) > _MAX_REQUEST_LINE:
             self.send_error(414, "request line too long")
             return False
-        if not _REQUEST_LINE.fullmatch(line):
+        match = _REQUEST_LINE.fullmatch(line)
+        if match is None:
             self.send_error(400, "malformed request line")
+            return False
+        if match.group(1) != b"1":  # HTTP/0.x would get no status line from http.server
+            self.send_error(505, "only HTTP/1.x is served here")
             return False
         if not super().parse_request():
             return False

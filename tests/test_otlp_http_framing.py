@@ -177,6 +177,7 @@ def test_chunk_extensions_and_trailers_are_read_strictly_and_bounded(start, tmp_
     (b" \r\n\r\n", 400),
     (b"GARBAGE\r\n\r\n", 400),
     (b"POST /v1/traces HTTP/2.0\r\n\r\n", 505),
+    (b"POST /v1/traces HTTP/0.9\r\nContent-Length: 0\r\n\r\n", 505),  # was: no status line
     (b"POST /v1/traces HTTP/1.1\r\nContent-Length : 5\r\n\r\nhello", 400),
     (b"POST /v1/traces HTTP/1.1\r\nX-Folded: a\r\n b\r\nContent-Length: 0\r\n\r\n", 400),
     (b"POST /v1/traces HTTP/1.1\r\nX-Nul: a\x00b\r\nContent-Length: 0\r\n\r\n", 400),
