@@ -7,10 +7,11 @@ request read to the end of the stream or a connection closed without an answer.
 
 Framing follows RFC 9112 (section 6):
 
-* ``Transfer-Encoding`` wins over nothing: a request with both it and ``Content-Length`` is
-  refused (400), as a request-smuggling attempt would look; so is one over HTTP/1.0 (400), and
-  one whose last transfer coding is not ``chunked`` (400: its length cannot be known). A coding
-  other than ``chunked`` before it is not implemented (501).
+* ``Transfer-Encoding``: RFC 9112 lets it override ``Content-Length``, but a request with both
+  is what a request-smuggling attempt looks like, so it is refused (400); so is one over
+  HTTP/1.0 (400) and one whose last coding is not ``chunked`` (400, a MUST: its length cannot
+  be known, whatever the codings). A known length with another coding before ``chunked`` is
+  501, the answer for a transfer coding the server does not implement.
 * ``Content-Length`` is one field of ASCII digits (else 400); none at all is 411.
 * ``chunked``: a chunk size is 1 to 16 hex digits (no sign, no ``0x``, no spaces), a size line
   with its extensions is at most ``MAX_LINE`` bytes, lines end in CRLF, and the trailer section
