@@ -363,7 +363,8 @@ def hex_ids(obj: dict) -> dict:
 
 # -- the receiver under test, in a process of its own -----------------------------------------
 def _peak_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak  # bytes there, KiB on Linux
 
 
 def serve(out: str, limit: int) -> None:
