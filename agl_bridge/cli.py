@@ -222,8 +222,8 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from agl_bridge.otel.collector_files import import_otlp_json, otlp_json_files
     from agl_bridge.otel.parquet_writer import SpanParquetWriter
-    from agl_bridge.otel.receiver import import_otlp_json, otlp_json_files
 
     # refuse missing or unreadable inputs before writing anything
     otlp_json_files(args.sources, exclude=Path(args.out))

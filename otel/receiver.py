@@ -1,4 +1,4 @@
-"""Spans from outside the process into span Parquet: an OTLP receiver and a Collector-file import.
+"""Spans from outside the process into span Parquet: the OTLP receiver (``agl-bridge collect``).
 
 ``OTLPReceiver`` is ``agl-bridge collect``: for teams without an OpenTelemetry Collector, it
 speaks OTLP/HTTP (``POST /v1/traces``, protobuf or OTLP/JSON, gzip/deflate bodies) and OTLP/gRPC
@@ -7,7 +7,12 @@ mapping (``otlp.py`` -> ``rows.build_row``) as the in-process exporter, so the f
 Answers follow the OTLP specification, so standard exporters retry only what is worth retrying:
 
 * no or wrong bearer token (when one is set): HTTP 401 / gRPC UNAUTHENTICATED;
-* a body over ``max_request_bytes`` (before or after decompression): HTTP 413 / RESOURCE_EXHAUSTED;
+* a body over ``max_request_bytes`` (as sent or once decompressed): HTTP 413 / RESOURCE_EXHAUSTED,
+  refused as soon as it is known, never buffered or inflated past the limit (``http_body``;
+  gRPC itself refuses a message from its length prefix, and a compressed one as it inflates);
+* a request HTTP/1.1 cannot frame (a bad ``Content-Length``, chunk size or ``Transfer-Encoding``,
+  a malformed request line or field): 400, 411 or 501 as RFC 9112 says. Every refusal, these
+  included, is a status line and a ``google.rpc.Status`` body before the connection closes;
 * a payload that is not an OTLP request: HTTP 400 with a ``google.rpc.Status`` body (protobuf or
   JSON, like the request) / INVALID_ARGUMENT. The server keeps serving;
 * spans that cannot become rows: quarantined beside the data, the rest written, and the answer
@@ -18,27 +23,25 @@ Answers follow the OTLP specification, so standard exporters retry only what is 
 ``stop`` refuses new requests, lets those in flight finish, then closes the writer, which turns
 the write-ahead logs into Parquet files.
 
-``import_otlp_json`` is ``agl-bridge import``: the Collector's file exporter writes one OTLP/JSON
-request per line; a malformed line is reported with file:line and quarantined, the rest imported.
+``agl-bridge import`` (Collector files) lives in ``collector_files``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hmac
 import json
 import logging
-import os
+import re
 import socket
 import socketserver
 import threading
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,7 +50,8 @@ from google.protobuf import json_format
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from agl_bridge.otel import otlp
+from agl_bridge.otel import http_body, otlp
+from agl_bridge.otel.http_body import Refused
 from agl_bridge.otel.parquet_writer import SpanParquetWriter
 
 logger = logging.getLogger(__name__)
@@ -62,18 +66,6 @@ GRPC_SERVICE = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].ful
 _PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 _JSON_TYPE = "application/json"
 _STOP_WAIT_S = 10.0
-
-
-class _Refused(Exception):
-    """A request answered with an error; ``status`` is HTTP, ``code`` the google.rpc code."""
-
-    def __init__(self, status: int, code: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-_GRPC_CODES = {code_pb2.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-               code_pb2.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE}
 
 
 @dataclass
@@ -217,6 +209,12 @@ class OTLPReceiver:
         return scheme.lower() == "bearer" and hmac.compare_digest(
             credentials.strip().encode(), self.token.encode())
 
+    def _count_refused(self, refused: Refused) -> None:
+        if refused.status == 400:
+            self._count(requests_malformed=1)
+        elif refused.status == 413:
+            self._count(requests_too_large=1)
+
     def _count(self, **increments: int) -> None:
         with self._lock:
             for name, n in increments.items():
@@ -226,7 +224,7 @@ class OTLPReceiver:
     def _in_request(self) -> Iterator[None]:
         with self._lock:
             if self._stopping:
-                raise _Refused(503, code_pb2.UNAVAILABLE, "the receiver is shutting down")
+                raise Refused(503, "the receiver is shutting down")
             self._in_flight += 1
         try:
             yield
@@ -237,13 +235,13 @@ class OTLPReceiver:
 
     def _ingest(self, decode: Callable[[bytes], otlp.Conversion], body: bytes
                ) -> trace_service_pb2.ExportTraceServiceResponse:
-        """Decode, write the rows, quarantine the rejects; raise _Refused for the error answers."""
+        """Decode, write the rows, quarantine the rejects; raise Refused for the error answers."""
         with self._in_request():
             try:
                 conversion = decode(body)
             except otlp.MalformedRequest as exc:
                 self._count(requests_malformed=1)
-                raise _Refused(400, code_pb2.INVALID_ARGUMENT, str(exc)) from None
+                raise Refused(400, str(exc)) from None
             try:
                 self.writer.write_rows(conversion.rows)
                 if conversion.rejected:
@@ -252,7 +250,7 @@ class OTLPReceiver:
                 logger.exception("agl_bridge: writing %d received span(s) failed",
                                  len(conversion.rows))
                 self._count(requests_failed=1)
-                raise _Refused(503, code_pb2.UNAVAILABLE, f"writing spans failed: {exc}") from None
+                raise Refused(503, f"writing spans failed: {exc}") from None
             self._count(requests=1, spans_written=len(conversion.rows),
                        spans_rejected=len(conversion.rejected))
             return conversion.response()
@@ -275,13 +273,25 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
             return rx._ingest(otlp.decode_protobuf, request)
-        except _Refused as refused:
+        except Refused as refused:
             error = refused
-        context.abort(_GRPC_CODES[error.code], error.message)
+        except Exception:
+            logger.exception("agl_bridge collect: gRPC export failed")
+            error = Refused(500, "internal error in the receiver")
+        context.abort(grpc.StatusCode[code_pb2.Code.Name(error.rpc_code)], error.message)
         raise AssertionError("unreachable: context.abort raises")
 
 
 # -- OTLP/HTTP ---------------------------------------------------------------------------------
+_MAX_REQUEST_LINE = 65536  # what http.server allows; longer is 414
+_MAX_BLANK_LINES = 8  # RFC 9112 2.2: empty lines before a request line are ignored
+_REQUEST_LINE = re.compile(
+    rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ [!-~\x80-\xff]+ HTTP/([0-9])\.[0-9]\r?\n")
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_FIELD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # controls; CR LF: obsolete folding
+_LINGER_S = 2.0
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True  # idle keep-alive connections must not hold up stop()
 
@@ -302,30 +312,68 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One connection. Every request gets a status line and a ``google.rpc.Status`` body.
+
+    ``http.server`` alone stays silent on some malformed requests (a blank request line, an
+    HTTP/0.9 one) and trusts what its parser skipped (a field name with a space before the
+    colon is read as the start of the body); ``parse_request`` and ``send_error`` close those
+    gaps, and ``http_body`` reads the body.
+    """
+
     protocol_version = "HTTP/1.1"  # keep-alive: exporters reuse their connection
     server_version = "agl-bridge-collect"
     timeout = 30  # a client that stops sending mid-body gives its thread back
     server: _HTTPServer
+    _body_pending = True  # until the body is read or known to be empty: linger when closing
+    _expect_100 = False
+
+    def parse_request(self) -> bool:
+        self._body_pending, self._expect_100 = True, False
+        line = self.raw_requestline
+        for _ in range(_MAX_BLANK_LINES):
+            if line not in (b"\r\n", b"\n"):
+                break
+            line = self.raw_requestline = self.rfile.readline(_MAX_REQUEST_LINE + 1)
+        if not line:  # the client closed without sending a request: nothing to answer
+            self.close_connection = True
+            return False
+        self.requestline = line.decode("latin-1").rstrip("\r\n")
+        self.command = None  # type: ignore[assignment]  # no method yet (as http.server does)
+        self.request_version = "HTTP/1.1"  # what an answer to a malformed line is written in
+        if len(line) > _MAX_REQUEST_LINE:
+            self.send_error(414, "request line too long")
+            return False
+        match = _REQUEST_LINE.fullmatch(line)
+        if match is None:
+            self.send_error(400, "malformed request line")
+            return False
+        if match.group(1) != b"1":  # HTTP/0.x would get no status line from http.server
+            self.send_error(505, "only HTTP/1.x is served here")
+            return False
+        if not super().parse_request():
+            return False
+        problem = _header_problem(self.headers)
+        if problem:
+            self.send_error(400, problem)
+            return False
+        return True
+
+    def handle_expect_100(self) -> bool:
+        # 100 Continue only once the request is known to be acceptable (see _export): a client
+        # told 413 or 401 up front need not send the body at all
+        self._expect_100 = True
+        return True
 
     def do_POST(self) -> None:
-        rx = self.server.receiver
         is_json = _media_type(self.headers.get("Content-Type")) == _JSON_TYPE
         try:
-            if urlsplit(self.path).path != TRACES_PATH:
-                raise _Refused(404, code_pb2.NOT_FOUND, f"no such path {self.path!r}; "
-                                                        f"traces go to {TRACES_PATH}")
-            if not rx._authorized(self.headers.get("Authorization")):
-                rx._count(requests_unauthorized=1)
-                raise _Refused(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token")
-            media = _media_type(self.headers.get("Content-Type"))
-            if media not in (*_PROTOBUF_TYPES, _JSON_TYPE):
-                raise _Refused(415, code_pb2.INVALID_ARGUMENT,
-                               f"unsupported Content-Type {media!r}; use application/x-protobuf "
-                               f"or application/json")
-            body = self._body(rx)
-            response = rx._ingest(otlp.decode_json if is_json else otlp.decode_protobuf, body)
-        except _Refused as refused:
-            self._reply(refused.status, _status_body(refused, is_json), is_json, close=True)
+            response = self._export(self.server.receiver, is_json)
+        except Refused as refused:
+            self._refuse(refused, is_json)
+            return
+        except Exception:
+            logger.exception("agl_bridge collect: request failed")
+            self._refuse(Refused(500, "internal error in the receiver"), is_json)
             return
         if is_json:
             payload = json.dumps(json_format.MessageToDict(response)).encode()
@@ -333,43 +381,46 @@ class _Handler(BaseHTTPRequestHandler):
             payload = response.SerializeToString()
         self._reply(200, payload, is_json)
 
-    def _body(self, rx: OTLPReceiver) -> bytes:
-        limit = rx.max_request_bytes
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raw = self._read_chunked(rx, limit)
-        else:
-            length = self.headers.get("Content-Length")
-            if length is None or not length.strip().isdigit():
-                raise _Refused(411, code_pb2.INVALID_ARGUMENT, "Content-Length required")
-            if int(length) > limit:
-                rx._count(requests_too_large=1)
-                raise _Refused(413, code_pb2.RESOURCE_EXHAUSTED,
-                               f"request of {int(length)} bytes exceeds the limit of {limit}")
-            raw = self.rfile.read(int(length))
-            if len(raw) != int(length):
-                raise _Refused(400, code_pb2.INVALID_ARGUMENT, "body shorter than Content-Length")
-        return _decompress(rx, raw, self.headers.get("Content-Encoding", ""), limit)
+    def _export(self, rx: OTLPReceiver, is_json: bool
+                ) -> trace_service_pb2.ExportTraceServiceResponse:
+        try:
+            path = urlsplit(self.path).path
+        except ValueError:
+            raise Refused(400, "malformed request target") from None
+        if path != TRACES_PATH:
+            raise Refused(404, f"no such path {self.path[:200]!r}; traces go to {TRACES_PATH}")
+        if not rx._authorized(self.headers.get("Authorization")):
+            rx._count(requests_unauthorized=1)
+            raise Refused(401, "missing or wrong bearer token")
+        media = _media_type(self.headers.get("Content-Type"))
+        if media not in (*_PROTOBUF_TYPES, _JSON_TYPE):
+            raise Refused(415, f"unsupported Content-Type {media[:80]!r}; use "
+                               f"application/x-protobuf or application/json")
+        try:
+            frame = http_body.framing(self.headers, self.request_version, rx.max_request_bytes)
+            self._body_pending = not frame.empty
+            if self._expect_100:
+                self.send_response_only(100)
+                self.end_headers()
+            body = http_body.read_body(self.rfile, frame, rx.max_request_bytes)
+        except Refused as refused:
+            rx._count_refused(refused)
+            raise
+        self._body_pending = False
+        return rx._ingest(otlp.decode_json if is_json else otlp.decode_protobuf, body)
 
-    def _read_chunked(self, rx: OTLPReceiver, limit: int) -> bytes:
-        body = bytearray()
-        while True:
-            try:
-                size = int(self.rfile.readline(1024).split(b";")[0].strip(), 16)
-            except ValueError:
-                raise _Refused(400, code_pb2.INVALID_ARGUMENT, "bad chunked encoding") from None
-            if size == 0:
-                while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return bytes(body)
-            if len(body) + size > limit:
-                rx._count(requests_too_large=1)
-                raise _Refused(413, code_pb2.RESOURCE_EXHAUSTED,
-                               f"request exceeds the limit of {limit} bytes")
-            chunk = self.rfile.read(size)
-            if len(chunk) != size:
-                raise _Refused(400, code_pb2.INVALID_ARGUMENT, "chunked body cut short")
-            body += chunk
-            self.rfile.readline(8)
+    def send_error(self, code: int, message: str | None = None,
+                   explain: str | None = None) -> None:
+        """http.server's own refusals (414, 431, 501, 505) answered like ours."""
+        self._refuse(Refused(code, message or self.responses.get(code, ("error",))[0]),
+                     is_json=False)
+
+    def _refuse(self, refused: Refused, is_json: bool) -> None:
+        if self.request_version in ("", "HTTP/0.9"):  # http.server writes no status line then
+            self.request_version = "HTTP/1.1"
+        self._reply(refused.status, _status_body(refused, is_json), is_json, close=True)
+        if self._body_pending:
+            self._linger()
 
     def _reply(self, status: int, payload: bytes, is_json: bool, *, close: bool = False) -> None:
         self.send_response(status)
@@ -383,145 +434,56 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def _linger(self) -> None:
+        """After answering a request whose body was not read: let the client finish sending.
+
+        Closing a socket with unread input makes the kernel reset the connection, and a client
+        still sending then sees "connection reset" instead of our 413 or 400. So our side is
+        shut after the answer and the input read and dropped until the client closes, for at
+        most the size limit in bytes and ``_LINGER_S`` seconds (nothing is kept).
+        """
+        budget, deadline = self.server.receiver.max_request_bytes, time.monotonic() + _LINGER_S
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            while budget > 0 and (left := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                dropped = self.rfile.read1(min(budget, 2**16))  # type: ignore[attr-defined]
+                if not dropped:
+                    return
+                budget -= len(dropped)
+        except OSError:  # the client is gone, or took too long: either way we are done
+            pass
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("agl_bridge collect: " + format, *args)
+
+
+def _header_problem(headers: Message) -> str | None:
+    """Why a parsed header section must be refused (RFC 9112 5), or None.
+
+    ``http.client.parse_headers`` is lenient: a line that is not a field ends the section and
+    everything after it (``Content-Length : 5`` included) lands in the payload, with a defect.
+    """
+    if headers.defects or headers.get_payload():
+        return "malformed header section"
+    for name, value in headers.items():
+        if not _FIELD_NAME.fullmatch(name):
+            return f"malformed field name {name[:40]!r}"
+        if _BAD_FIELD_VALUE.search(value):
+            return f"control character or line folding in field {name[:40]!r}"
+    return None
 
 
 def _media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
 
-def _decompress(rx: OTLPReceiver, raw: bytes, encoding: str, limit: int) -> bytes:
-    """gzip/deflate bodies, decompressed no further than ``limit`` (no zip bombs)."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return raw
-    if encoding not in ("gzip", "deflate"):
-        raise _Refused(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Encoding {encoding!r}")
-    for wbits in (zlib.MAX_WBITS | 32, -zlib.MAX_WBITS):  # gzip or zlib header; raw deflate
-        try:
-            d = zlib.decompressobj(wbits)
-            out = d.decompress(raw, limit + 1)
-        except zlib.error:
-            continue
-        if len(out) > limit:
-            rx._count(requests_too_large=1)
-            raise _Refused(413, code_pb2.RESOURCE_EXHAUSTED,
-                           f"decompressed request exceeds the limit of {limit} bytes")
-        if d.eof:
-            return out
-    rx._count(requests_malformed=1)
-    raise _Refused(400, code_pb2.INVALID_ARGUMENT, f"body is not valid {encoding}")
-
-
-def _status_body(refused: _Refused, is_json: bool) -> bytes:
-    status = status_pb2.Status(code=refused.code, message=refused.message)
+def _status_body(refused: Refused, is_json: bool) -> bytes:
+    status = status_pb2.Status(code=refused.rpc_code, message=refused.message)
     if is_json:
         return json.dumps(json_format.MessageToDict(status)).encode()
     return status.SerializeToString()
-
-
-# -- Collector files ---------------------------------------------------------------------------
-_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_WRITE_EVERY_ROWS = 10_000
-
-
-@dataclass
-class ImportSummary:
-    files: int = 0
-    lines: int = 0
-    lines_bad: int = 0
-    spans_written: int = 0
-    spans_rejected: int = 0
-    bad: list[str] = field(default_factory=list)  # "file:line: why", in file order
-
-    def summary(self) -> str:
-        return (f"imported {self.spans_written} span(s) from {self.lines} line(s) in "
-                f"{self.files} file(s); {self.lines_bad} bad line(s), "
-                f"{self.spans_rejected} span(s) quarantined")
-
-
-def otlp_json_files(sources: Sequence[str | os.PathLike[str]], *,
-                    exclude: Path | None = None) -> list[Path]:
-    """The files to import: given files as they are, directories searched for .json/.jsonl(.gz).
-
-    ``exclude`` (the output directory) is skipped, or its own quarantine files would be read.
-    """
-    files: list[Path] = []
-    for src in sources:
-        p = Path(src)
-        if p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and q.name.endswith(_SUFFIXES)
-                           and not (exclude and q.resolve().is_relative_to(exclude.resolve())))
-            if not found:
-                raise FileNotFoundError(f"no {', '.join(_SUFFIXES)} files under {p}")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"no such file or directory: {p}")
-    for path in files:
-        with open(path, "rb") as f:
-            if f.read(4) == _ZSTD_MAGIC:
-                raise ValueError(f"{path} is zstd-compressed; decompress it first (zstd -d)")
-    return files
-
-
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with open(path, "rb") as f:
-        gzipped = f.read(2) == _GZIP_MAGIC
-    opener = gzip.open if gzipped else open
-    with opener(path, "rb") as f:
-        yield from enumerate(f, 1)
-
-
-def import_otlp_json(sources: Sequence[str | os.PathLike[str]], writer: SpanParquetWriter,
-                     *, on_bad_line: Callable[[str], None] | None = None) -> ImportSummary:
-    """Import Collector file-exporter output (one OTLP/JSON request per line) into ``writer``.
-
-    Bad lines and spans are quarantined with their source ``file:line``; the writer stays open.
-    """
-    summary = ImportSummary()
-    rows: list[dict[str, Any]] = []
-    quarantine: list[dict[str, Any]] = []
-
-    def bad(source: str, error: str, line: bytes | None) -> None:
-        summary.lines_bad += 1
-        summary.bad.append(f"{source}: {error}")
-        quarantine.append({"error": error, "source": source,
-                           "line": None if line is None else line.decode("utf-8", "replace")})
-        if on_bad_line is not None:
-            on_bad_line(f"{source}: {error}")
-
-    for path in otlp_json_files(sources, exclude=writer.directory):
-        summary.files += 1
-        lineno = 0
-        try:
-            for lineno, line in _lines(path):
-                line = line.rstrip(b"\r\n")
-                if not line.strip():
-                    continue
-                summary.lines += 1
-                try:
-                    conversion = otlp.decode_json(line)
-                except otlp.MalformedRequest as exc:
-                    bad(f"{path}:{lineno}", str(exc)[:500], line)
-                    continue
-                rows.extend(conversion.rows)
-                quarantine.extend(dict(r, source=f"{path}:{lineno}") for r in conversion.rejected)
-                summary.spans_rejected += len(conversion.rejected)
-                if len(rows) >= _WRITE_EVERY_ROWS:
-                    writer.write_rows(rows)
-                    summary.spans_written += len(rows)
-                    rows = []
-        except (OSError, EOFError, zlib.error) as exc:  # a gzip stream cut short or corrupt
-            bad(f"{path}:{lineno + 1}", f"cannot read further: {exc}", None)
-    writer.write_rows(rows)
-    summary.spans_written += len(rows)
-    if quarantine:
-        writer.quarantine(quarantine)
-    return summary

@@ -58,6 +58,24 @@ def tiny(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def start(tmp_path):
+    """Start OTLP receivers writing span Parquet to ``tmp_path/out``; all stop afterwards."""
+    from agl_bridge.otel import SpanParquetWriter
+    from agl_bridge.otel.receiver import OTLPReceiver
+
+    started = []
+
+    def start(**options):
+        rx = OTLPReceiver(SpanParquetWriter(tmp_path / "out"), http_port=0, grpc_port=0,
+                          **options).start()
+        started.append(rx)
+        return rx
+    yield start
+    for rx in started:
+        rx.stop()
+
+
+@pytest.fixture
 def instrumented():
     """The OpenAI instrumentor on for one test (framework tests override this fixture)."""
     from agl_bridge.aliases import disable_routing, routing_enabled

@@ -3,6 +3,7 @@
 import base64
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from agl_bridge import semconv as sc
 from agl_bridge.otel import SpanParquetWriter, otlp
-from agl_bridge.otel.receiver import import_otlp_json
+from agl_bridge.otel.collector_files import import_otlp_json
 from agl_bridge.otel.rows import rows_to_table, span_to_row
 from tests.test_otlp_receiver import (
     agent_team,
@@ -188,6 +189,36 @@ def test_import_quarantines_a_bad_span_inside_a_good_line(tmp_path):
     assert [r["name"] for r in read_rows(tmp_path / "out")] == ["a"]
     (record,) = read_quarantine(tmp_path / "out")
     assert record["source"] == f"{tmp_path / 'in.json'}:1" and "invalid trace id" in record["error"]
+
+
+def test_import_reports_names_it_cannot_read_instead_of_skipping_them(tmp_path):
+    """Issue 14: a ``.json`` symlink loop was skipped without a word; now it is a bad entry."""
+    src = tmp_path / "collector"
+    src.mkdir()
+    (src / "good.jsonl").write_text("\n".join(collector_lines(make_spans(agent_team), 8)) + "\n")
+    (src / "loop-a.json").symlink_to("loop-b.json")
+    (src / "loop-b.json").symlink_to("loop-a.json")
+    (src / "dangling.jsonl").symlink_to("nowhere.jsonl")
+    os.mkfifo(src / "pipe.json")  # opening it would block: reported, never opened
+    (src / "sub").mkdir()
+    (src / "sub" / "up").symlink_to("..")  # a directory loop is not followed
+
+    out = agl("import", src, "--out", tmp_path / "spans")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert sorted(line for line in out.stderr.splitlines() if line.startswith(str(src))) == [
+        f"{src / 'dangling.jsonl'}:1: cannot read: a dangling symlink to nowhere.jsonl",
+        f"{src / 'loop-a.json'}:1: cannot read: a symlink loop",
+        f"{src / 'loop-b.json'}:1: cannot read: a symlink loop",
+        f"{src / 'pipe.json'}:1: cannot read: not a regular file"]
+    assert "imported 8 span(s) from 1 line(s) in 5 file(s); 4 bad line(s)" in out.stdout
+    assert len(read_rows(tmp_path / "spans")) == 8
+    assert sorted(r["source"] for r in read_quarantine(tmp_path / "spans")) == [
+        f"{src / name}:1" for name in ("dangling.jsonl", "loop-a.json", "loop-b.json",
+                                        "pipe.json")]
+
+    given = agl("import", src / "loop-a.json", "--out", tmp_path / "again")
+    assert given.returncode == 1
+    assert f"{src / 'loop-a.json'}:1: cannot read: a symlink loop" in given.stderr.splitlines()
 
 
 def test_import_cli_refuses_missing_inputs_in_one_line(tmp_path):

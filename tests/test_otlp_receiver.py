@@ -40,9 +40,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from agl_bridge import semconv as sc
-from agl_bridge.otel import SpanParquetWriter
 from agl_bridge.otel.parquet_writer import QUARANTINE_DIR
-from agl_bridge.otel.receiver import TOKEN_ENV, OTLPReceiver
+from agl_bridge.otel.receiver import TOKEN_ENV
 from agl_bridge.otel.rows import rows_to_table, span_to_row
 from agl_bridge.parquet_io import iter_parquet_files
 
@@ -125,20 +124,6 @@ def otlp_json(spans):
 
 
 # -- fixtures ----------------------------------------------------------------------------------
-@pytest.fixture
-def start(tmp_path):
-    started = []
-
-    def start(**options):
-        rx = OTLPReceiver(SpanParquetWriter(tmp_path / "out"), http_port=0, grpc_port=0,
-                          **options).start()
-        started.append(rx)
-        return rx
-    yield start
-    for rx in started:
-        rx.stop()
-
-
 def post(rx, body, content_type="application/x-protobuf", headers=None):
     """(status, headers, body) of a raw POST to the receiver's OTLP/HTTP endpoint."""
     req = urllib.request.Request(rx.http_endpoint, data=body, method="POST",
@@ -261,6 +246,33 @@ def test_malformed_payloads_get_otlp_errors_and_the_server_keeps_serving(start, 
     rx.stop()
     assert [r["name"] for r in read_rows(tmp_path / "out")] == ["after", "after"]
     assert rx.stats.requests_malformed == 5  # the 415 is refused before decoding
+
+
+def test_a_bug_is_answered_500_or_internal_and_the_server_keeps_serving(start, tmp_path,
+                                                                        monkeypatch, caplog):
+    """An exception no one expected still gets an answer (it used to close the connection
+    unanswered, or reach gRPC clients as a bare UNKNOWN)."""
+    from agl_bridge.otel import otlp
+
+    spans = make_spans(lambda t: t.start_span("after").end())
+    rx = start()
+    real = otlp.decode_protobuf
+
+    def broken(body):
+        raise KeyError("a bug")
+    monkeypatch.setattr(otlp, "decode_protobuf", broken)
+    status, headers, raw = post(rx, encode_spans(spans).SerializeToString())
+    assert (status, headers["Connection"]) == (500, "close")
+    assert status_pb2.Status.FromString(raw).code == code_pb2.INTERNAL
+    assert grpc_error(lambda: grpc_call(rx, encode_spans(spans))) == grpc.StatusCode.INTERNAL
+    assert caplog.text.count("KeyError: 'a bug'") == 2  # logged with its traceback
+
+    monkeypatch.setattr(otlp, "decode_protobuf", real)
+    assert HttpExporter(endpoint=rx.http_endpoint).export(spans) == SpanExportResult.SUCCESS
+    assert GrpcExporter(endpoint=rx.grpc_endpoint, insecure=True).export(spans) \
+        == SpanExportResult.SUCCESS
+    rx.stop()
+    assert [r["name"] for r in read_rows(tmp_path / "out")] == ["after", "after"]
 
 
 def test_a_bad_span_is_quarantined_and_the_rest_written(start, tmp_path):

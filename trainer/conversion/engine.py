@@ -168,8 +168,8 @@ def _convert_otlp(source: Source, otlp: list[Path], out_path: Path, cfg: Convert
                   max_rows_in_memory: int, progress: Progress | None) -> ConversionStats:
     """OTLP/JSON files imported to span Parquet in a temporary directory, converted with the
     Parquet among the sources."""
+    from agl_bridge.otel.collector_files import import_otlp_json
     from agl_bridge.otel.parquet_writer import SpanParquetWriter
-    from agl_bridge.otel.receiver import import_otlp_json
 
     sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     parquet = [s for s in sources if Path(s) not in otlp and not
