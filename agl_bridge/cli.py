@@ -44,7 +44,8 @@ def _convert(args: argparse.Namespace) -> int:
                            evaluation_weights=_weights(args.evaluation, "--evaluation"),
                            evaluation_labels=_weights(args.evaluation_label,
                                                       "--evaluation-label"),
-                           recipe=_recipe(args.rewards))
+                           recipe=_recipe(args.rewards), baseline=args.baseline,
+                           per_agent_advantages=bool(args.per_agent_advantages))
 
     def progress(done: int, total: int) -> None:
         if sys.stderr.isatty() or total > 1:
@@ -68,7 +69,8 @@ def _train(args: argparse.Namespace) -> int:
              "per_device_train_batch_size": args.per_device_train_batch_size,
              "epsilon": args.epsilon, "beta": args.beta, "loss_type": args.loss_type,
              "lora_r": args.lora_r, "seed": args.seed, "save_steps": args.save_steps,
-             "max_steps": args.max_steps}
+             "max_steps": args.max_steps, "baseline": args.baseline,
+             "per_agent_advantages": args.per_agent_advantages}
     options.update({k: v for k, v in flags.items() if v is not None})  # flags win over the file
     algorithm = options.pop("algorithm", None) or args.algorithm
     policy = options.pop("policy", None) or args.policy
@@ -314,6 +316,17 @@ def _port(text: str) -> int:
     return value
 
 
+def baseline_args(parser: argparse.ArgumentParser, default: str | None = "group") -> None:
+    parser.add_argument("--baseline", default=default, metavar="group|batch|key:ATTR[,...]",
+                        help="what rewards are compared with, first that applies: group (the "
+                             "rollouts of the same task; default), batch (the same agent and "
+                             "turn over the whole output: for traffic that never repeats), "
+                             "key:ATTRIBUTE (leave-one-out over episodes sharing that "
+                             "attribute), e.g. group,batch")
+    parser.add_argument("--per-agent-advantages", action="store_true", default=None,
+                        help="normalise with each agent's own statistics (Dr. MAS)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="agl-bridge", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -341,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what counts once in a group's mean and std")
     c.add_argument("--no-scale-advantages", action="store_true",
                    help="mean-centre only (Dr. GRPO), do not divide by the std")
+    baseline_args(c)
     c.add_argument("--retokenize", metavar="TOKENIZER_DIR",
                    help="rebuild ids from captured messages for spans without them (flagged), "
                         "and count disagreements with recorded ids")
@@ -377,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int)
     t.add_argument("--save-steps", type=int, help="checkpoint every N optimizer steps")
     t.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
+    baseline_args(t, default=None)
     t.add_argument("--rewards", metavar="RECIPE.toml",
                    help="a reward recipe applied at conversion (see agl-bridge convert)")
     t.add_argument("--resume", action="store_true",

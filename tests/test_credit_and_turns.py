@@ -9,7 +9,7 @@ import pytest
 
 from agl_bridge.trainer.conversion import ConvertConfig, convert, spans_to_transitions
 from agl_bridge.trainer.rewards.advantages import group_advantages
-from agl_bridge.trainer.rewards.credit import group_ids
+from agl_bridge.trainer.rewards.baselines import task_group_ids as group_ids
 from tests.factories import llm, reward, table
 from tests.reference_converter import reference_spans_to_transitions
 

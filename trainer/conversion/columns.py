@@ -62,3 +62,39 @@ def episode_keys(table: pa.Table) -> pa.Array:
     trace = pc.fill_null(table["trace_id"], lit("None"))
     key = pc.coalesce(ep, pc.binary_join_element_wise(lit("trace:"), trace, lit("")))
     return arr(key)
+
+
+def episode_attributes(spans: pa.Table, episodes: pa.Array, attributes: Sequence[str]
+                       ) -> dict[str, dict[str, str]]:
+    """attribute -> episode key -> its value (as text): the first value found on the
+    episode's spans, in time order. A span column by that name is read directly; any other
+    attribute from the ``attributes`` JSON of the rows that mention it."""
+    import json
+
+    out: dict[str, dict[str, str]] = {}
+    order = pc.sort_indices(spans, sort_keys=[("start_time_unix_nano", "ascending")]) \
+        if "start_time_unix_nano" in spans.column_names else None
+    if order is not None:
+        spans, episodes = spans.take(order), episodes.take(order)
+    for attribute in attributes:
+        found: dict[str, str] = {}
+        if attribute in spans.column_names:
+            values = spans[attribute].to_pylist()
+            for episode, value in zip(episodes.to_pylist(), values):
+                if value is not None and episode not in found:
+                    found[episode] = str(value)
+        elif "attributes" in spans.column_names:
+            mask = pc.fill_null(pc.match_substring(spans["attributes"], json.dumps(attribute)),
+                                False)
+            rows = spans["attributes"].filter(mask).to_pylist()
+            for episode, raw in zip(episodes.filter(mask).to_pylist(), rows):
+                if episode in found:
+                    continue
+                try:
+                    value = json.loads(raw).get(attribute)
+                except (ValueError, AttributeError):
+                    continue
+                if value is not None:
+                    found[episode] = value if isinstance(value, str) else json.dumps(value)
+        out[attribute] = found
+    return out

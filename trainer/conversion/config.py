@@ -6,8 +6,10 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
+from agl_bridge.schema import SPAN_SCHEMA
+from agl_bridge.trainer.rewards.baselines import KEY_PREFIX, key_attribute, parse_baselines
 from agl_bridge.trainer.rewards.credit import AdvantageUnit, Algorithm
 from agl_bridge.trainer.rewards.recipes import Recipe
 
@@ -35,11 +37,31 @@ class ConvertConfig:
     # rewards derived from what the spans hold (``rewards.recipes``); its [evaluations] table
     # sets the two above when they are not given
     recipe: Recipe | None = None
+    # what rewards are compared with (``rewards.baselines``): "group", "batch",
+    # "key:ATTRIBUTE", in order of preference ("group,batch" or a sequence)
+    baseline: str | tuple[str, ...] = ("group",)
+    per_agent_advantages: bool = False  # Dr. MAS: each agent's own statistics
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "baseline", parse_baselines(self.baseline))
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        return cast(tuple[str, ...], self.baseline)
+
+    @property
+    def key_attributes(self) -> tuple[str, ...]:
+        """The attributes ``key:`` baselines group by."""
+        return tuple(key_attribute(b) for b in self.baselines if b.startswith(KEY_PREFIX))
 
     @property
     def extra_columns(self) -> tuple[str, ...]:
-        """Span columns read besides the converter's own (the recipe's)."""
-        return self.recipe.columns if self.recipe is not None else ()
+        """Span columns read besides the converter's own: the recipe's, and the attributes
+        JSON when a key baseline groups by an attribute that is not a column."""
+        extra = self.recipe.columns if self.recipe is not None else ()
+        if any(a not in SPAN_SCHEMA.names for a in self.key_attributes):
+            extra = (*extra, "attributes")
+        return extra + tuple(a for a in self.key_attributes if a in SPAN_SCHEMA.names)
 
 
 AgentTurn = tuple[str | None, int | None]
@@ -66,6 +88,8 @@ class ConversionStats:
     # (term, agent) -> the summed value of its rewards
     recipe: defaultdict[TermAgent, float] = field(default_factory=lambda: defaultdict(float))
     recipe_rewards: Counter[TermAgent] = field(default_factory=Counter)  # -> rewards derived
+    baselines: Counter[str] = field(default_factory=Counter)  # baseline -> transitions
+    global_groups: int = 0  # groups of the batch and key baselines (whole output)
 
     MAX_LISTED = 20  # rejected rewards listed by place; all are counted in ``notes``
 
@@ -82,6 +106,7 @@ class ConversionStats:
         for key, value in other.recipe.items():
             self.recipe[key] += value
         self.recipe_rewards.update(other.recipe_rewards)
+        self.baselines.update(other.baselines)
         self.rewards += other.rewards
         room = max(0, self.MAX_LISTED - len(self.rejected_rewards))
         self.rejected_rewards += other.rejected_rewards[:room]
@@ -92,6 +117,9 @@ class ConversionStats:
         lines = [f"{self.spans} spans, {self.episodes} episodes, {self.llm_spans} LLM calls -> "
                  f"{self.transitions} transitions in {self.groups} groups "
                  f"({self.zero_variance_groups} with zero reward variance)"]
+        if self.baselines and set(self.baselines) != {"group"}:
+            lines.append("  baselines: " + ", ".join(
+                f"{name} {n}" for name, n in sorted(self.baselines.items())))
         if self.rewards:
             r = sorted(self.rewards)
 

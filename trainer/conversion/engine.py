@@ -32,6 +32,7 @@ from agl_bridge.trainer.conversion.evaluations import (
     scan_files,
     scan_tables,
 )
+from agl_bridge.trainer.conversion.finish import finish_file, finish_table
 from agl_bridge.trainer.conversion.memory import short_lived_arrays
 from agl_bridge.trainer.conversion.sources import Source, otlp_json_files, read_spans, span_files
 from agl_bridge.trainer.conversion.spill import convert_spilled
@@ -55,7 +56,7 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
                               labels=cfg.evaluation_labels) if found else None
     table, stats = _convert_table(spans, cfg, source, resolved.rewards if resolved else None)
     _note(stats, resolved)
-    return table, stats
+    return finish_table(table, cfg, stats), stats
 
 
 def _convert_table(spans: pa.Table, cfg: ConvertConfig, source: str,
@@ -133,6 +134,7 @@ def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertCo
     stats = _route(files, where, out_path, cfg, max_rows_in_memory, progress,
                    resolved.rewards if resolved else None)
     _note(stats, resolved)
+    finish_file(out_path, cfg, stats)
     return stats
 
 

@@ -48,7 +48,12 @@ from agl_bridge.trainer.conversion.arrow import (
     take_lists,
     to_numpy,
 )
-from agl_bridge.trainer.conversion.columns import RETOKENIZED, conform, episode_keys
+from agl_bridge.trainer.conversion.columns import (
+    RETOKENIZED,
+    conform,
+    episode_attributes,
+    episode_keys,
+)
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.conversion.evaluations import is_evaluation
 from agl_bridge.trainer.conversion.reward_spans import (
@@ -60,7 +65,16 @@ from agl_bridge.trainer.conversion.reward_spans import (
 )
 from agl_bridge.trainer.conversion.turns import assign_turns
 from agl_bridge.trainer.rewards.advantages import group_advantages
-from agl_bridge.trainer.rewards.credit import discounted, group_ids, transition_rewards
+from agl_bridge.trainer.rewards.baselines import (
+    BATCH,
+    GROUP,
+    batch_group_ids,
+    choose,
+    key_attribute,
+    key_group_ids,
+    task_group_ids,
+)
+from agl_bridge.trainer.rewards.credit import discounted, transition_rewards
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
 from agl_bridge.trainer.rewards.recipes import EPISODE_KEY
 
@@ -151,16 +165,21 @@ def convert_rows(spans: pa.Table, cfg: ConvertConfig, source: str = "",
     if cfg.recipe is not None and cfg.recipe.terms:
         add_recipe(rewards, cfg.recipe.apply(spans.filter(rows).append_column(
             EPISODE_KEY, arr(episodes.filter(rows)))), stats)
-    table = convert_table(spans, cfg, stats, rewards, episodes=episodes, select=select)
+    keys = episode_attributes(spans.filter(rows), arr(episodes.filter(rows)),
+                              cfg.key_attributes) if cfg.key_attributes else None
+    table = convert_table(spans, cfg, stats, rewards, episodes=episodes, select=select,
+                          keys=keys)
     return table, stats
 
 
 def convert_table(spans: pa.Table, cfg: ConvertConfig, stats: ConversionStats,
                   rewards: dict[str, EpisodeRewards], *, episodes: pa.Array,
-                  select: np.ndarray | None = None) -> pa.Table:
+                  select: np.ndarray | None = None,
+                  keys: Mapping[str, Mapping[str, str]] | None = None) -> pa.Table:
     """Transitions of ``spans`` (``columns.conform``-ed, one chunk per column), of the rows
     ``select`` (a boolean mask; all without). ``rewards``: episode key -> its rewards
-    (``reward_spans.read_rewards``); ``episodes``: the rows' episode keys. Fills ``stats``."""
+    (``reward_spans.read_rewards``); ``episodes``: the rows' episode keys; ``keys``: for key
+    baselines, attribute -> episode key -> value. Fills ``stats``."""
     lists = SpanLists.of(spans)
     calls = select_calls(spans, episodes, lists, stats, select)
     if calls is None:
@@ -174,7 +193,7 @@ def convert_table(spans: pa.Table, cfg: ConvertConfig, stats: ConversionStats,
     turns = split_turns(order, lists, stats)
     tokens = token_lists(calls, order, turns, lists)
     first = order.order[turns.first]  # each transition's first call, in Calls positions
-    credit = assign_credit(calls, first, turn, ep_codes, ep_rewards, cfg, stats)
+    credit = assign_credit(calls, first, turn, ep_codes, ep_rewards, cfg, stats, keys or {})
     return assemble(calls, first, turn, tokens, credit)
 
 
@@ -411,9 +430,47 @@ class Credit:
     keep: np.ndarray | None  # transitions kept (None: all): a reward that overflowed is not
 
 
+def _groups(task: pa.Array, episode: pa.Array, agent: pa.Array, turn: pa.Array,
+            keys: Mapping[str, Mapping[str, str]], cfg: ConvertConfig, stats: ConversionStats
+            ) -> tuple[pa.Array, np.ndarray]:
+    """(group id, whether its statistics span the whole output) per transition: the first of
+    the configured baselines that applies (``rewards.baselines``); counted per baseline."""
+    task_ids = arr(task_group_ids(task, episode, agent, turn, cfg.algorithm,
+                                  per_agent=cfg.per_agent_advantages))
+    n = len(task_ids)
+    if cfg.baselines == (GROUP,):  # the default: no choice to make
+        stats.baselines[GROUP] += n
+        return task_ids, np.zeros(n, bool)
+    candidates, applies = [], []
+    for b in cfg.baselines:
+        if b == GROUP:
+            candidates.append(task_ids)
+            applies.append(to_numpy(pc.is_valid(task)) if task.null_count else np.ones(n, bool))
+        elif b == BATCH:
+            candidates.append(arr(batch_group_ids(agent, turn,
+                                                  per_agent=cfg.per_agent_advantages)))
+            applies.append(np.ones(n, bool))
+        else:
+            attribute = key_attribute(b)
+            by_episode = keys.get(attribute, {})
+            values = pa.array([by_episode.get(e) for e in episode.to_pylist()], pa.string())
+            candidates.append(arr(key_group_ids(attribute, values, agent, turn, cfg.algorithm,
+                                                per_agent=cfg.per_agent_advantages)))
+            applies.append(to_numpy(pc.is_valid(values)) if values.null_count
+                           else np.ones(n, bool))
+    task_codes = codes(task_ids)
+    sizes = np.bincount(task_codes)[task_codes]
+    group_id, chosen = choose(cfg.baselines, candidates, applies, sizes, task_ids)
+    for i, b in enumerate(cfg.baselines):
+        note(stats.baselines, b, np.count_nonzero(chosen == i))
+    note(stats.baselines, "none", np.count_nonzero(chosen < 0))
+    is_global = np.isin(chosen, [i for i, b in enumerate(cfg.baselines) if b != GROUP])
+    return arr(group_id), is_global
+
+
 def assign_credit(calls: Calls, first: np.ndarray, turn: pa.Array, ep_codes: np.ndarray,
                   ep_rewards: list[EpisodeRewards], cfg: ConvertConfig,
-                  stats: ConversionStats) -> Credit:
+                  stats: ConversionStats, keys: Mapping[str, Mapping[str, str]]) -> Credit:
     """Per transition (``first``: its first call): reward, group id, advantage; the group,
     transition and reward statistics."""
     take = np_array(first)
@@ -450,10 +507,18 @@ def assign_credit(calls: Calls, first: np.ndarray, turn: pa.Array, ep_codes: np.
         t_ep, t_task, t_agent, t_turn = (a.take(np_array(keep)) for a in
                                          (t_ep, t_task, t_agent, t_turn))
         reward, t_ep_codes = reward[keep], t_ep_codes[keep]
-    group_id = arr(group_ids(t_task, t_ep, t_agent, t_turn, cfg.algorithm))
-    advantage, n_groups, zero_var = group_advantages(
-        reward, codes(group_id), t_ep_codes, unit=cfg.advantage_unit,
-        scale=cfg.scale_advantages)
+    group_id, is_global = _groups(t_task, t_ep, t_agent, t_turn, keys, cfg, stats)
+    local = ~is_global  # batch and key groups span the output: the engine's last pass
+    advantage = np.zeros(len(reward), np.float64)
+    sel = np.flatnonzero(local)
+    if len(sel) == len(reward):
+        advantage, n_groups, zero_var = group_advantages(
+            reward, codes(group_id), t_ep_codes, unit=cfg.advantage_unit,
+            scale=cfg.scale_advantages)
+    else:
+        advantage[sel], n_groups, zero_var = group_advantages(
+            reward[sel], codes(group_id.take(np_array(sel))), t_ep_codes[sel],
+            unit=cfg.advantage_unit, scale=cfg.scale_advantages)
     note(stats.notes, reasons.NO_TASK, t_task.null_count)
     stats.transitions = len(reward)
     stats.rewards = reward.tolist()

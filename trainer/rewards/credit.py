@@ -21,8 +21,6 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 Algorithm = Literal["at_grpo", "lightning_rl"]
 AdvantageUnit = Literal["transition", "rollout"]
@@ -52,21 +50,3 @@ def transition_rewards(team: np.ndarray, local: np.ndarray, *, algorithm: Algori
     if algorithm == "lightning_rl":
         return team
     return alpha * team + local
-
-
-def group_ids(task: pa.Array, episode: pa.Array, agent: pa.Array, turn: pa.Array,
-              algorithm: Algorithm) -> pa.Array:
-    """AT-GRPO: ``task:T|agent:A|turn:N``; LightningRL: ``task:T``. Without a task id the
-    episode stands in (``episode:E``), which makes a group of one: no signal, counted by the
-    converter, never merged into another task's group. A missing agent or turn reads None."""
-    def lit(s: str) -> pa.Scalar:
-        return pa.scalar(s, pa.string())
-
-    task_part = pc.if_else(pc.is_valid(task),
-                           pc.binary_join_element_wise(lit("task:"), task, lit("")),
-                           pc.binary_join_element_wise(lit("episode:"), episode, lit("")))
-    if algorithm == "lightning_rl":
-        return task_part
-    return pc.binary_join_element_wise(
-        task_part, lit("|agent:"), pc.fill_null(agent, lit("None")), lit("|turn:"),
-        pc.fill_null(pc.cast(turn, pa.string()), lit("None")), lit(""))

@@ -1,0 +1,84 @@
+"""The last pass: advantages whose baseline spans the whole output (``batch``, ``key:``).
+
+The stages convert unit by unit and write as they go; a ``batch`` or ``key`` group spans units,
+so its transitions are written with a provisional advantage of 0 and fixed here, once every
+reward is known: the group ids and rewards are read back (three small columns), the
+advantages computed (``rewards.baselines.global_advantages``) and the file rewritten batch by
+batch with the new column (written to a temporary name, then renamed). Nothing happens when no
+transition has such a baseline (the default).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from agl_bridge.parquet_io import writer_options
+from agl_bridge.schema import TRANSITION_SCHEMA
+from agl_bridge.trainer.conversion.arrow import codes, np_array, to_numpy
+from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
+from agl_bridge.trainer.rewards.baselines import GROUP, global_advantages
+
+
+def _needed(stats: ConversionStats) -> bool:
+    return any(n for b, n in stats.baselines.items() if b not in (GROUP, "none"))
+
+
+def _advantages(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats
+                ) -> np.ndarray | None:
+    """The advantage column with the global groups' values, or None when none changed."""
+    adv, which, groups, flat = global_advantages(
+        table["group_id"].to_pylist(), to_numpy(table["reward"]), codes(table["episode_id"]),
+        unit=cfg.advantage_unit, scale=cfg.scale_advantages)
+    stats.groups += groups
+    stats.zero_variance_groups += flat
+    stats.global_groups += groups
+    if not which.any():
+        return None
+    out = to_numpy(table["advantage"].fill_null(0.0)).copy()
+    out[which] = adv[which]
+    return out
+
+
+def finish_table(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats) -> pa.Table:
+    if not _needed(stats) or table.num_rows == 0:
+        return table
+    adv = _advantages(table, cfg, stats)
+    if adv is None:
+        return table
+    i = table.schema.get_field_index("advantage")
+    return table.set_column(i, TRANSITION_SCHEMA.field("advantage"), np_array(adv))
+
+
+def finish_file(path: Path, cfg: ConvertConfig, stats: ConversionStats) -> None:
+    if not _needed(stats):
+        return
+    small = pq.read_table(path, columns=["group_id", "reward", "episode_id", "advantage"])
+    adv = _advantages(small, cfg, stats)
+    if adv is None:
+        return
+    tmp = path.with_name(f".tmp-{os.getpid()}-final-{path.name}")
+    i = TRANSITION_SCHEMA.get_field_index("advantage")
+    try:
+        pf = pq.ParquetFile(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            with pq.ParquetWriter(f, TRANSITION_SCHEMA,
+                                  **writer_options(TRANSITION_SCHEMA)) as writer:
+                start = 0
+                for g in range(pf.num_row_groups):
+                    part = pf.read_row_group(g)
+                    n = part.num_rows
+                    part = part.set_column(i, TRANSITION_SCHEMA.field("advantage"),
+                                           np_array(adv[start:start + n]))
+                    writer.write_table(part)
+                    start += n
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
