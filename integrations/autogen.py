@@ -155,13 +155,14 @@ class AutoGenInstrumentor(BaseInstrumentor):
         teams = self._teams
 
         async def run_stream():
-            team_id = getattr(instance, "_team_id", None)
+            team_id = str(getattr(instance, "_team_id", None) or f"team-{id(instance)}")
             nested = teams.get(team_id) is not None
             if not nested:
                 teams.start(team_id)
             run = teams.get(team_id)
             try:
-                with scoped(episode_id=run.episode_id, task_id=run.task_id):
+                with scoped(episode_id=run.episode_id if run else None,
+                            task_id=run.task_id if run else None):
                     async for item in wrapped(*args, **kwargs):
                         yield item
             finally:

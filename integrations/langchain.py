@@ -160,15 +160,15 @@ def _handler_class():
             name = kwargs.get("name") or (serialized or {}).get("name")
             parent = self._parent(parent_run_id)
             if parent is None and parent_run_id is None:  # a root run: workflow or agent
-                root = _Root()
+                new_root = _Root()
                 with self._lock:
-                    self._roots[run_id] = root
+                    self._roots[run_id] = new_root
                 current = scope_of(otel_context.get_current())
                 episode = None if "episode_id" in current else run_id.hex
                 agent = metadata.get("lc_agent_name")
                 if agent:  # create_agent(name=...) invoked directly: one activation, turn 0
-                    root.turns[agent] += 1
-                    root.last_agent = agent
+                    new_root.turns[agent] += 1
+                    new_root.last_agent = agent
                     self._open(run_id, None, sc.invoke_agent_span_name(agent),
                                {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}, agent,
                                episode_id=episode, agent_name=agent, turn_index=0)
@@ -184,7 +184,7 @@ def _handler_class():
             if agent is None and node and node == name and node not in _GRAPH_INTERNAL_NODES:
                 agent = node  # a plain graph whose nodes are the agents
             root = self._roots.get(parent.root) if parent else None
-            if agent is None or agent == parent_agent or root is None:
+            if agent is None or agent == parent_agent or root is None or parent is None:
                 self._open(run_id, parent_run_id, None, {}, agent)  # no span: context only
                 return
             self._handoff(parent, parent_agent or root.last_agent, agent)

@@ -63,6 +63,8 @@ class OpenAIInstrumentor(BaseInstrumentor):
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("openai >= 1.40",)
 
+    _tracing: ChatTracing | None = None
+
     def _instrument(self, **kwargs: Any) -> None:
         from openai import AsyncStream, Stream
 

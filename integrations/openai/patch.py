@@ -82,9 +82,9 @@ def _unwrap(owner: type, wrapper: Callable[..., Any]) -> bool:
     then stays underneath, with empty slots it only passes calls through.
     """
     current = owner.__dict__.get("create")
-    if getattr(current, "_self_wrapper", None) is not wrapper:
+    if current is None or getattr(current, "_self_wrapper", None) is not wrapper:
         return False
-    owner.create = current.__wrapped__
+    setattr(owner, "create", current.__wrapped__)  # noqa: B010 - a class attribute, by name
     return True
 
 
