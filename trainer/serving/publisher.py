@@ -2,11 +2,9 @@
 
 ``Publisher.publish(adapter_dir, alias="coder")``:
 
-1. **validate** before any server or agent sees it: the directory, a readable
-   ``adapter_config.json``, safetensors weights (a ``.bin`` pickle can run code when loaded: it is
-   refused), a rank within the servers' ``--max-lora-rank``, and a fit to the base model (our
-   metadata's base fingerprint, and the LoRA matrices' shapes against the base weights'
-   safetensors headers);
+1. **validate** before any server or agent sees it (``validation``: the files, the config's
+   types, the safetensors header, the rank of every LoRA pair from its tensors, the fit to the
+   base model);
 2. **load** it into every configured server under its own name (``coder@v7``) from its own
    directory, never reloading a name in place (vLLM issues 33791 and 42125: an in-place reload
    re-reads the adapter on later requests and can serve stale prefix cache), and **probe** each;
@@ -32,19 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.aliases import AliasTable
-from agl_bridge.trainer.adapters import (
-    METADATA_FILE,
-    base_model_fingerprint,
-    read_metadata,
-    version_of,
-)
+from agl_bridge.trainer.adapters import version_of
+from agl_bridge.trainer.serving.errors import PublishError
+from agl_bridge.trainer.serving.validation import validate_adapter
+
+__all__ = ["PublishError", "Publisher", "publish_adapter", "served_name", "validate_adapter"]
 
 ALIASES_FILE = "aliases.json"
 HISTORY_FILE = "history.json"
-
-
-class PublishError(RuntimeError):
-    """The adapter was refused or not served; the message says which and why."""
 
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str]:
@@ -68,92 +61,6 @@ def served_name(adapter_dir: str | os.PathLike[str], alias: str | None = None) -
     if number is None:
         raise PublishError(f"{d}: not a versioned adapter directory (expected .../<name>/vN)")
     return f"{alias or d.parent.name}@v{number}"
-
-
-# -- validation ------------------------------------------------------------------------------
-def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor shapes from a safetensors header (no weights are read)."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError("file shorter than a safetensors header")
-        n = int.from_bytes(raw, "little")
-        if n <= 0 or n > 100 * 2**20:
-            raise ValueError(f"implausible header length {n}")
-        header = json.loads(f.read(n))
-    size = path.stat().st_size
-    shapes = {}
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        end = info["data_offsets"][1]
-        if 8 + n + end > size:
-            raise ValueError(f"tensor {key} runs past the end of the file (truncated)")
-        shapes[key] = tuple(info["shape"])
-    return shapes
-
-
-def _base_shapes(base_model: Path) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in sorted(base_model.glob("*.safetensors")):
-        shapes.update(_safetensors_shapes(f))
-    return shapes
-
-
-def validate_adapter(adapter_dir: str | os.PathLike[str], *,
-                     base_model: str | os.PathLike[str] | None = None,
-                     max_lora_rank: int | None = None) -> dict[str, Any]:
-    """Refuse an adapter that would fail, or quietly misbehave, once served. Returns its config."""
-    d = Path(adapter_dir)
-    if not d.is_dir():
-        raise PublishError(f"{d}: no such adapter directory")
-    config_path = d / "adapter_config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except FileNotFoundError:
-        raise PublishError(f"{d}: not a PEFT adapter (no adapter_config.json)") from None
-    except ValueError as exc:
-        raise PublishError(f"{config_path}: not valid JSON ({exc})") from None
-    weights = d / "adapter_model.safetensors"
-    if not weights.exists():
-        if list(d.glob("*.bin")) or list(d.glob("*.pt")):
-            raise PublishError(f"{d}: weights are not safetensors (a pickled .bin/.pt can run "
-                               f"code when loaded); save them with safe_serialization=True")
-        raise PublishError(f"{d}: missing adapter_model.safetensors")
-    try:
-        shapes = _safetensors_shapes(weights)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PublishError(f"{weights}: corrupt safetensors file ({exc})") from None
-    rank = config.get("r")
-    if max_lora_rank is not None and isinstance(rank, int) and rank > max_lora_rank:
-        raise PublishError(f"{d}: LoRA rank {rank} is above the servers' --max-lora-rank "
-                           f"{max_lora_rank}")
-    if base_model is not None:
-        base = Path(base_model)
-        try:
-            meta = read_metadata(d) or {}
-        except ValueError as exc:
-            raise PublishError(f"{d / METADATA_FILE}: not valid metadata ({exc})") from None
-        trained_on = meta.get("base_model_fingerprint")
-        if trained_on and trained_on != base_model_fingerprint(base):
-            raise PublishError(f"{d}: trained on another base model (fingerprint "
-                               f"{str(trained_on)[:12]}..., serving {base})")
-        base_shapes = _base_shapes(base)
-        for key, shape in shapes.items():
-            m = re.match(r"(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$", key)
-            if not m:
-                continue
-            target = base_shapes.get(f"{m.group(1)}.weight")
-            if target is None:
-                raise PublishError(f"{d}: adapts {m.group(1)}, which the base model {base} "
-                                   f"does not have: trained for another model")
-            dim = shape[1] if m.group(2) == "A" else shape[0]
-            want = target[1] if m.group(2) == "A" else target[0]
-            if dim != want:
-                raise PublishError(f"{d}: {key} has shape {list(shape)}, which does not fit "
-                                   f"{m.group(1)} {list(target)} of the base model: trained "
-                                   f"for another model")
-    return config
 
 
 def load_and_probe(servers: list[str], name: str, directory: Path, timeout_s: float = 60.0
