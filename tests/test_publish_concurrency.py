@@ -206,3 +206,20 @@ def test_a_kill_between_the_alias_switch_and_the_history_write_heals(tmp_path):
         assert {v["name"]: v["state"] for v in history(registry)["a"]} == \
             {"a@v1": "unloaded", "a@v2": "live"}
         assert set(server.adapters) == {"a@v2"}
+
+
+def test_the_command_line_says_when_an_alias_stays_on_a_newer_version(tmp_path, capsys):
+    from agl_bridge.cli import main
+
+    registry = tmp_path / "registry"
+    v1, v2 = (write_adapter(tmp_path / "ad" / "team" / f"v000{i}") for i in (1, 2))
+    with ScriptedServer(lora=True) as server:
+        run = lambda *a: main([*a, "--registry", str(registry), "--server", server.base_url])  # noqa: E731
+        assert run("publish", str(v2), "--alias", "team") == 0
+        assert run("publish", str(v1), "--alias", "team") == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[1] == (f"published {v1} as team@v1; alias team stays on the newer team@v2 "
+                          f"(agl-bridge rollback team team@v1 makes team@v1 live)")
+        assert main(["rollback", "team", "v1", "--registry", str(registry),
+                     "--server", server.base_url]) == 0
+        assert capsys.readouterr().out.strip() == "alias team -> team@v1"
