@@ -27,7 +27,8 @@ sends vLLM's in-stream error event after that many chunks.
 ``lora=True`` adds vLLM's runtime adapter endpoints, with its answers: ``POST
 /v1/load_lora_adapter`` (400 "has already been loaded" for a name it has; ``load_delay_s``
 stretches each load so that concurrent publishers overlap), ``POST /v1/unload_lora_adapter``
-(404 "cannot be found" for a name it lacks), a chat request for a model that is neither
+(404 "cannot be found" for a name it lacks; ``unload_status`` other than 200 makes every
+unload fail with that status), a chat request for a model that is neither
 ``base_model`` nor a loaded adapter gets 404 like vLLM's, and ``GET /metrics`` reports no
 running or waiting adapters. ``adapters`` maps loaded names to their paths; ``loads`` counts
 successful loads.
@@ -73,6 +74,7 @@ class ScriptedServer:
         self.base_model = base_model
         self.load_delay_s = load_delay_s
         self.adapters: dict[str, str] = {}
+        self.unload_status = 200
         self.loads = 0
         self.version_hits = 0
         self.streams_cut = 0  # streams the client closed before [DONE]
@@ -157,6 +159,8 @@ class ScriptedServer:
                 self.loads += 1
             return 200, f"Success: LoRA adapter '{name}' added successfully."
         if path == "/v1/unload_lora_adapter":
+            if self.unload_status != 200:
+                return self.unload_status, {"error": {"message": "scripted unload failure"}}
             with self._lock:
                 if self.adapters.pop(name, None) is None:
                     return 404, {"error": {"message": f"The lora adapter '{name}' cannot be "

@@ -337,3 +337,17 @@ def test_mangled_files_raise_publish_error_or_pass(tmp_path):
             assert str(d) in str(exc)
             refusals += 1
     assert refusals >= 390  # a handful of byte flips land in a name or leave the same JSON
+
+
+def test_a_refused_adapter_reaches_no_server_and_no_registry_file(tmp_path):
+    from agl_bridge.trainer.serving.publisher import Publisher
+    from tests.scripted_server import ScriptedServer
+
+    d = write_adapter(tmp_path / "team" / "v0001", tensors=lora_tensors(rank=64))
+    with ScriptedServer(lora=True) as server:
+        publisher = Publisher([server.base_url], tmp_path / "registry", max_lora_rank=MAX_RANK)
+        with pytest.raises(PublishError, match="has rank 64 in its tensors"):
+            publisher.publish(d, alias="team")
+        assert server.requests == [] and server.adapters == {}
+    assert publisher.live("team") is None
+    assert not (tmp_path / "registry" / "history.json").exists()

@@ -223,3 +223,24 @@ def test_the_command_line_says_when_an_alias_stays_on_a_newer_version(tmp_path, 
         assert main(["rollback", "team", "v1", "--registry", str(registry),
                      "--server", server.base_url]) == 0
         assert capsys.readouterr().out.strip() == "alias team -> team@v1"
+
+
+def test_a_version_is_marked_unloaded_only_once_every_server_let_it_go(tmp_path):
+    """A server that is down (the collector cannot tell what is busy) or that fails the
+    unload request: the retired version stays retired, and goes at a later collection."""
+    registry = tmp_path / "registry"
+    with ScriptedServer(lora=True) as server:
+        up = Publisher([server.base_url], registry, drain_s=3600)
+        up.publish(write_adapter(tmp_path / "ad" / "a" / "v0001"), alias="a")
+        up.publish(write_adapter(tmp_path / "ad" / "a" / "v0002"), alias="a")
+        down = ScriptedServer(lora=True)
+        down.httpd.server_close()
+        assert Publisher([server.base_url, down.base_url], registry, drain_s=0).collect() == []
+        server.unload_status = 500
+        assert Publisher([server.base_url], registry, drain_s=0).collect() == []
+        assert {v["name"]: v["state"] for v in history(registry)["a"]} == \
+            {"a@v1": "retired", "a@v2": "live"}
+        assert "a@v1" in server.adapters
+        server.unload_status = 200
+        assert Publisher([server.base_url], registry, drain_s=0).collect() == ["a@v1"]
+        assert set(server.adapters) == {"a@v2"}
