@@ -133,7 +133,12 @@ def _publish(args: argparse.Namespace) -> int:
         return 0
     publisher = Publisher(registry=args.registry, **_registry_settings(args))
     name = publisher.publish(args.adapter_dir, alias=args.alias)
-    print(f"published {args.adapter_dir} as {name}; alias {args.alias} -> {name}")
+    live = publisher.live(args.alias)
+    if live == name:
+        print(f"published {args.adapter_dir} as {name}; alias {args.alias} -> {name}")
+    else:  # versions go live in order: a newer one was live already
+        print(f"published {args.adapter_dir} as {name}; alias {args.alias} stays on the newer "
+              f"{live} (agl-bridge rollback {args.alias} {name} makes {name} live)")
     return 0
 
 

@@ -25,6 +25,15 @@ multi-agent runs whose agents must answer, vote or pick a speaker); ``stream_err
 sends vLLM's in-stream error event after that many chunks. ``error_message(body)`` words the
 error (a ``status`` other than 200, or the in-stream error) per request, e.g. to echo the
 prompt as some servers do.
+
+``lora=True`` adds vLLM's runtime adapter endpoints, with its answers: ``POST
+/v1/load_lora_adapter`` (400 "has already been loaded" for a name it has; ``load_delay_s``
+stretches each load so that concurrent publishers overlap), ``POST /v1/unload_lora_adapter``
+(404 "cannot be found" for a name it lacks; ``unload_status`` other than 200 makes every
+unload fail with that status), a chat request for a model that is neither
+``base_model`` nor a loaded adapter gets 404 like vLLM's, and ``GET /metrics`` reports no
+running or waiting adapters. ``adapters`` maps loaded names to their paths; ``loads`` counts
+successful loads.
 """
 
 from __future__ import annotations
@@ -52,7 +61,9 @@ class ScriptedServer:
                  script: Callable[[dict[str, Any]], tuple[str, list[dict[str, str]]]] | None = None,
                  chunk_delay_s: float = 0.0, stream_error_after: int | None = None,
                  unique_ids: bool = False,
-                 error_message: Callable[[dict[str, Any]], str] | None = None) -> None:
+                 error_message: Callable[[dict[str, Any]], str] | None = None,
+                 lora: bool = False, base_model: str = "base", load_delay_s: float = 0.0
+                 ) -> None:
         self.vllm = vllm
         self.reply = reply
         self.completion_ids = completion_ids or [11, 12, 13]
@@ -66,6 +77,12 @@ class ScriptedServer:
         self.responses = 0
         self.error_message = error_message
         self.requests: list[dict[str, Any]] = []
+        self.lora = lora
+        self.base_model = base_model
+        self.load_delay_s = load_delay_s
+        self.adapters: dict[str, str] = {}
+        self.unload_status = 200
+        self.loads = 0
         self.version_hits = 0
         self.streams_cut = 0  # streams the client closed before [DONE]
         self._lock = threading.Lock()
@@ -89,6 +106,15 @@ class ScriptedServer:
                         server.version_hits += 1
                     if server.vllm:
                         return self._send(200, {"version": "0.32.0"})
+                if self.path == "/metrics" and server.lora:
+                    data = (b'vllm:lora_requests_info{max_lora="4",running_lora_adapters="",'
+                            b'waiting_lora_adapters=""} 1.7e+09\n')
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return None
                 self._send(404, {"error": "not found"})
 
             def do_POST(self):
@@ -99,6 +125,10 @@ class ScriptedServer:
                     message = (server.error_message(body) if server.error_message
                                else "scripted failure")
                     return self._send(server.status, {"error": {"message": message}})
+                if server.lora:
+                    answer = server.lora_answer(self.path, body)
+                    if answer is not None:
+                        return self._send(*answer)
                 if body.get("stream"):
                     return self._stream(body)
                 self._send(200, server.completion(body))
@@ -123,6 +153,35 @@ class ScriptedServer:
                                        kwargs={"poll_interval": 0.05}, daemon=True)
 
     # -- what to answer -----------------------------------------------------------------------
+    def lora_answer(self, path: str, body: dict[str, Any]) -> tuple[int, Any] | None:
+        """vLLM's answer to an adapter request, or None for a request served as usual."""
+        name = body.get("lora_name")
+        if path == "/v1/load_lora_adapter":
+            with self._lock:
+                if name in self.adapters:
+                    return 400, {"error": {"message": f"The lora adapter '{name}' has already "
+                                 "been loaded. If you want to load the adapter in place, set "
+                                 "'load_inplace' to True."}}
+            time.sleep(self.load_delay_s)
+            with self._lock:
+                self.adapters[name] = body["lora_path"]
+                self.loads += 1
+            return 200, f"Success: LoRA adapter '{name}' added successfully."
+        if path == "/v1/unload_lora_adapter":
+            if self.unload_status != 200:
+                return self.unload_status, {"error": {"message": "scripted unload failure"}}
+            with self._lock:
+                if self.adapters.pop(name, None) is None:
+                    return 404, {"error": {"message": f"The lora adapter '{name}' cannot be "
+                                 "found."}}
+            return 200, f"Success: LoRA adapter '{name}' removed successfully."
+        model = body.get("model")
+        with self._lock:
+            known = model == self.base_model or model in self.adapters
+        if not known:
+            return 404, {"error": {"message": f"The model `{model}` does not exist."}}
+        return None
+
     def ids(self, body: dict[str, Any]) -> tuple[list[int], list[int]]:
         if self.ids_for is not None:
             return self.ids_for(body)

@@ -2,21 +2,25 @@
 
 ``Publisher.publish(adapter_dir, alias="coder")``:
 
-1. **validate** before any server or agent sees it: the directory, a readable
-   ``adapter_config.json``, safetensors weights (a ``.bin`` pickle can run code when loaded: it is
-   refused), a rank within the servers' ``--max-lora-rank``, and a fit to the base model (our
-   metadata's base fingerprint, and the LoRA matrices' shapes against the base weights'
-   safetensors headers);
-2. **load** it into every configured server under its own name (``coder@v7``) from its own
+1. **validate** before any server or agent sees it (``validation``: the files, the config's
+   types, the safetensors header, the rank of every LoRA pair from its tensors, the fit to the
+   base model);
+2. **record** it in the registry as ``loading`` (so a collector leaves it alone, and a
+   publisher killed from here on leaves a trace the collector cleans up);
+3. **load** it into every configured server under its own name (``coder@v7``) from its own
    directory, never reloading a name in place (vLLM issues 33791 and 42125: an in-place reload
    re-reads the adapter on later requests and can serve stale prefix cache), and **probe** each;
-3. **switch** the alias in the alias table (``agl_bridge.aliases``): the agents' next calls use
-   the new version;
-4. **unload** superseded versions once no request uses them: a server's own metrics
+4. **switch** the alias in the alias table (``agl_bridge.aliases``), under the registry's lock
+   with history and aliases re-read from disk (``registry``): the agents' next calls use the
+   new version. Versions of one alias go live in version order: a publish of a version older
+   than the live one is recorded (loaded, probed, in the history, ready for ``rollback``) but
+   does not move the alias back. So concurrent publishers end where a sequential run would,
+   whichever finishes first, and nothing they publish is lost;
+5. **unload** superseded versions once no request uses them: a server's own metrics
    (``vllm:lora_requests_info``, running and waiting adapters) say when.
 
-``rollback(alias, version)`` makes an earlier version live again in one step (loading it again
-if it was unloaded). A registry directory holds the alias table and the history.
+``rollback(alias, version)`` is the one way an alias goes back: it makes an earlier version
+live again (loading it again if it was unloaded, and probing it either way).
 """
 
 from __future__ import annotations
@@ -27,25 +31,24 @@ import re
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agl_bridge.aliases import AliasTable
-from agl_bridge.trainer.adapters import (
-    METADATA_FILE,
-    base_model_fingerprint,
-    read_metadata,
-    version_of,
+from agl_bridge.trainer.adapters import version_of
+from agl_bridge.trainer.serving.errors import PublishError
+from agl_bridge.trainer.serving.registry import (
+    ALIASES_FILE,
+    HISTORY_FILE,
+    Registry,
+    State,
+    Version,
+    version_number,
 )
+from agl_bridge.trainer.serving.validation import validate_adapter
 
-ALIASES_FILE = "aliases.json"
-HISTORY_FILE = "history.json"
-
-
-class PublishError(RuntimeError):
-    """The adapter was refused or not served; the message says which and why."""
-
+__all__ = ["ALIASES_FILE", "HISTORY_FILE", "PublishError", "Publisher", "Version",
+           "load_and_probe", "publish_adapter", "served_name", "validate_adapter"]
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
@@ -70,122 +73,51 @@ def served_name(adapter_dir: str | os.PathLike[str], alias: str | None = None) -
     return f"{alias or d.parent.name}@v{number}"
 
 
-# -- validation ------------------------------------------------------------------------------
-def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor shapes from a safetensors header (no weights are read)."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError("file shorter than a safetensors header")
-        n = int.from_bytes(raw, "little")
-        if n <= 0 or n > 100 * 2**20:
-            raise ValueError(f"implausible header length {n}")
-        header = json.loads(f.read(n))
-    size = path.stat().st_size
-    shapes = {}
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        end = info["data_offsets"][1]
-        if 8 + n + end > size:
-            raise ValueError(f"tensor {key} runs past the end of the file (truncated)")
-        shapes[key] = tuple(info["shape"])
-    return shapes
-
-
-def _base_shapes(base_model: Path) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in sorted(base_model.glob("*.safetensors")):
-        shapes.update(_safetensors_shapes(f))
-    return shapes
-
-
-def validate_adapter(adapter_dir: str | os.PathLike[str], *,
-                     base_model: str | os.PathLike[str] | None = None,
-                     max_lora_rank: int | None = None) -> dict[str, Any]:
-    """Refuse an adapter that would fail, or quietly misbehave, once served. Returns its config."""
-    d = Path(adapter_dir)
-    if not d.is_dir():
-        raise PublishError(f"{d}: no such adapter directory")
-    config_path = d / "adapter_config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except FileNotFoundError:
-        raise PublishError(f"{d}: not a PEFT adapter (no adapter_config.json)") from None
-    except ValueError as exc:
-        raise PublishError(f"{config_path}: not valid JSON ({exc})") from None
-    weights = d / "adapter_model.safetensors"
-    if not weights.exists():
-        if list(d.glob("*.bin")) or list(d.glob("*.pt")):
-            raise PublishError(f"{d}: weights are not safetensors (a pickled .bin/.pt can run "
-                               f"code when loaded); save them with safe_serialization=True")
-        raise PublishError(f"{d}: missing adapter_model.safetensors")
-    try:
-        shapes = _safetensors_shapes(weights)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PublishError(f"{weights}: corrupt safetensors file ({exc})") from None
-    rank = config.get("r")
-    if max_lora_rank is not None and isinstance(rank, int) and rank > max_lora_rank:
-        raise PublishError(f"{d}: LoRA rank {rank} is above the servers' --max-lora-rank "
-                           f"{max_lora_rank}")
-    if base_model is not None:
-        base = Path(base_model)
-        try:
-            meta = read_metadata(d) or {}
-        except ValueError as exc:
-            raise PublishError(f"{d / METADATA_FILE}: not valid metadata ({exc})") from None
-        trained_on = meta.get("base_model_fingerprint")
-        if trained_on and trained_on != base_model_fingerprint(base):
-            raise PublishError(f"{d}: trained on another base model (fingerprint "
-                               f"{str(trained_on)[:12]}..., serving {base})")
-        base_shapes = _base_shapes(base)
-        for key, shape in shapes.items():
-            m = re.match(r"(?:base_model\.model\.)?(.+)\.lora_([AB])\.weight$", key)
-            if not m:
-                continue
-            target = base_shapes.get(f"{m.group(1)}.weight")
-            if target is None:
-                raise PublishError(f"{d}: adapts {m.group(1)}, which the base model {base} "
-                                   f"does not have: trained for another model")
-            dim = shape[1] if m.group(2) == "A" else shape[0]
-            want = target[1] if m.group(2) == "A" else target[0]
-            if dim != want:
-                raise PublishError(f"{d}: {key} has shape {list(shape)}, which does not fit "
-                                   f"{m.group(1)} {list(target)} of the base model: trained "
-                                   f"for another model")
-    return config
-
-
 def load_and_probe(servers: list[str], name: str, directory: Path, timeout_s: float = 60.0
                    ) -> None:
-    """Load ``directory`` as ``name`` into every server, and check each answers a request to it."""
+    """Load ``directory`` as ``name`` into every server, and check each answers a request to it.
+    A server that is down or answers garbage is a PublishError naming it, like a refusal."""
     for server in servers:
-        status, text = _post(f"{_root(server)}/v1/load_lora_adapter",
-                             {"lora_name": name, "lora_path": str(directory)}, timeout_s)
-        if status != 200 and "already" not in text.lower():
-            raise PublishError(f"{_root(server)} refused adapter {name} from {directory}: "
-                               f"HTTP {status}: {text.strip()[:500]}")
-        status, text = _post(f"{_root(server)}/v1/chat/completions", {
-            "model": name, "max_tokens": 1,
-            "messages": [{"role": "user", "content": "ping"}]}, timeout_s)
-        if status != 200 or json.loads(text).get("model") != name:
-            raise PublishError(f"adapter {name} loaded into {_root(server)} but the probe "
-                               f"request failed: HTTP {status}: {text.strip()[:500]}")
+        root = _root(server)
+        try:
+            status, text = _post(f"{root}/v1/load_lora_adapter",
+                                 {"lora_name": name, "lora_path": str(directory)}, timeout_s)
+            if status != 200 and "already" not in text.lower():
+                raise PublishError(f"{root} refused adapter {name} from {directory}: "
+                                   f"HTTP {status}: {text.strip()[:500]}")
+            status, text = _post(f"{root}/v1/chat/completions", {
+                "model": name, "max_tokens": 1,
+                "messages": [{"role": "user", "content": "ping"}]}, timeout_s)
+            answered = json.loads(text).get("model") if status == 200 else None
+        except (OSError, ValueError, AttributeError) as exc:
+            raise PublishError(f"{root} did not take adapter {name}: {exc}") from None
+        if answered != name:
+            raise PublishError(f"adapter {name} loaded into {root} but the probe request "
+                               f"failed: HTTP {status}: {text.strip()[:500]}")
+
+
+def _unload(servers: list[str], name: str, timeout_s: float) -> bool:
+    """Unload ``name`` from every server; True when none still has it (one that never had it,
+    or no longer has it, counts as done)."""
+    done = True
+    for server in servers:
+        try:
+            status, _ = _post(f"{_root(server)}/v1/unload_lora_adapter", {"lora_name": name},
+                              timeout_s)
+        except OSError:
+            done = False  # down or slow: try again at the next collection
+            continue
+        done = done and status in (200, 404)
+    return done
 
 
 # -- the publisher ---------------------------------------------------------------------------
 @dataclass
-class Version:
-    name: str
-    directory: str
-    published_unix: float
-    state: str = "live"  # live | retired (superseded, maybe still busy) | unloaded
-    retired_unix: float | None = None
-
-
-@dataclass
 class Publisher:
-    """Loads adapter versions into ``servers`` and keeps the alias table of ``registry``."""
+    """Loads adapter versions into ``servers`` and keeps the alias table of ``registry``.
+
+    Holds no state of its own between calls: every decision is taken from the registry's files
+    under its lock, so any number of publishers (threads or processes) can share a registry."""
 
     servers: list[str]
     registry: Path
@@ -195,74 +127,107 @@ class Publisher:
     # A client may have resolved the old version just before the switch, its request not yet
     # at the server (where metrics would show it): retired versions wait this long first.
     drain_s: float = 5.0
-    history: dict[str, list[Version]] = field(default_factory=dict)
+    # A version left ``loading`` this long is from a publisher that died mid-load: the
+    # collector unloads it. None: an hour, or twice the longest a load and probe may take.
+    stale_loading_s: float | None = None
 
     def __post_init__(self) -> None:
         self.registry = Path(self.registry)
-        self.registry.mkdir(parents=True, exist_ok=True)
-        self.table = AliasTable(self.registry / ALIASES_FILE)
-        path = self.registry / HISTORY_FILE
-        if path.exists():
-            raw = json.loads(path.read_text())
-            self.history = {a: [Version(**v) for v in vs] for a, vs in raw.items()}
+        self.store = Registry(self.registry)
+        self.table = self.store.table
+        if self.stale_loading_s is None:
+            self.stale_loading_s = max(3600.0, 4 * self.timeout_s * max(1, len(self.servers)))
 
-    def _save_history(self) -> None:
-        tmp = self.registry / f".{HISTORY_FILE}.{os.getpid()}"
-        tmp.write_text(json.dumps({a: [v.__dict__ for v in vs] for a, vs in
-                                   self.history.items()}, indent=2))
-        os.replace(tmp, self.registry / HISTORY_FILE)
+    @property
+    def history(self) -> dict[str, list[Version]]:
+        """The history as on disk now (a snapshot; changes go through the registry)."""
+        return self.store.read_history()
 
     def live(self, alias: str) -> str | None:
-        return self.table.read().get("aliases", {}).get(alias)
+        return self.store.read_aliases().get(alias)
 
     def _load_everywhere(self, name: str, directory: Path) -> None:
         load_and_probe(self.servers, name, directory, self.timeout_s)
 
-    def _switch(self, alias: str, name: str) -> None:
-        aliases = dict(self.table.read().get("aliases", {}))
-        aliases[alias] = name
-        self.table.write(aliases)
+    def _pin(self, alias: str, name: str, directory: Path, *, new: bool) -> None:
+        """Record ``name`` as ``loading`` before loading it anywhere: the collector leaves it
+        alone, and if this process dies the record lets the collector unload it later."""
+        with self.store.transaction() as st:
+            v = st.find(alias, name)
+            if v is None:
+                if not new:
+                    known = ", ".join(x.name for x in st.history.get(alias, [])) or "none"
+                    raise PublishError(f"{name} was never published (published: {known})")
+                v = Version(name, str(directory), time.time(), state="loading")
+                st.history.setdefault(alias, []).append(v)
+            elif v.directory != str(directory):
+                # a server answers "already loaded" for the name and keeps the old weights
+                raise PublishError(f"{name} was published from {v.directory}; publishing "
+                                   f"{directory} under the same name would serve the old one")
+            if v.state != "live":
+                v.state, v.pinned_unix = "loading", time.time()
+
+    def _unpin(self, alias: str, name: str) -> None:
+        """A load that failed: the version is retired (the collector unloads whatever part of
+        it reached a server)."""
+        with self.store.transaction() as st:
+            v = st.find(alias, name)
+            if v is not None and v.state == "loading":
+                v.state, v.retired_unix, v.pinned_unix = "retired", time.time(), None
+
+    def _loaded(self, alias: str, name: str, directory: Path) -> None:
+        try:
+            self._load_everywhere(name, directory)
+        except BaseException:
+            self._unpin(alias, name)
+            raise
 
     def publish(self, adapter_dir: str | os.PathLike[str], *, alias: str | None = None) -> str:
-        """Validate, load and probe on every server, then make it the alias's live version.
-        Returns the served name (``alias@vN``)."""
+        """Validate, load and probe on every server, then make it the alias's live version
+        unless a newer version of the alias is live already (then it is recorded, retired,
+        and ``rollback`` can make it live). Returns the served name (``alias@vN``)."""
         directory = Path(adapter_dir).resolve()
         validate_adapter(directory, base_model=self.base_model, max_lora_rank=self.max_lora_rank)
         alias = alias or directory.parent.name
         name = served_name(directory, alias)
-        self._load_everywhere(name, directory)
-        versions = self.history.setdefault(alias, [])
-        self._retire(versions)
-        versions[:] = [v for v in versions if v.name != name]
-        versions.append(Version(name, str(directory), time.time()))
-        self._switch(alias, name)
-        self._save_history()
+        self._pin(alias, name, directory, new=True)
+        self._loaded(alias, name, directory)
+        with self.store.transaction() as st:
+            v = st.find(alias, name)
+            if v is None:  # the registry was reset meanwhile: record it again
+                v = Version(name, str(directory), time.time())
+                st.history.setdefault(alias, []).append(v)
+            live = st.aliases.get(alias)
+            live_number = version_number(live) if live else None
+            now = time.time()
+            if live_number is None or (version_number(name) or 0) >= live_number:
+                st.make_live(alias, v, now)
+            elif v.state != "live":
+                v.state, v.retired_unix, v.pinned_unix = "retired", now, None
         self.collect()
         return name
 
     def rollback(self, alias: str, version: str | int) -> str:
-        """Make ``version`` (``coder@v5``, ``v5`` or ``5``) of ``alias`` live again."""
+        """Make ``version`` (``coder@v5``, ``v5`` or ``5``) of ``alias`` live again, whatever
+        is live now. It is loaded again if it was unloaded and probed either way (a collector
+        killed mid-unload may have removed it from a server)."""
         number = str(version).split("@v")[-1].lstrip("v")
         name = f"{alias}@v{number}"
-        versions = self.history.get(alias, [])
-        chosen = next((v for v in versions if v.name == name), None)
+        history = self.store.read_history().get(alias, [])
+        chosen = next((v for v in history if v.name == name), None)
         if chosen is None:
-            known = ", ".join(v.name for v in versions) or "none"
+            known = ", ".join(v.name for v in history) or "none"
             raise PublishError(f"{name} was never published (published: {known})")
-        if chosen.state == "unloaded":
-            self._load_everywhere(name, Path(chosen.directory))
-        self._retire(versions)
-        chosen.state, chosen.retired_unix = "live", None
-        self._switch(alias, name)
-        self._save_history()
+        directory = Path(chosen.directory)
+        self._pin(alias, name, directory, new=False)
+        self._loaded(alias, name, directory)
+        with self.store.transaction() as st:
+            v = st.find(alias, name)
+            if v is None:
+                raise PublishError(f"{name} vanished from the history during the rollback")
+            st.make_live(alias, v, time.time())
         self.collect()
         return name
-
-    @staticmethod
-    def _retire(versions: list[Version]) -> None:
-        for v in versions:
-            if v.state == "live":
-                v.state, v.retired_unix = "retired", time.time()
 
     def busy(self) -> set[str]:
         """Adapters with running or waiting requests on any server (vLLM's own metrics)."""
@@ -283,26 +248,31 @@ class Publisher:
                         names.update(m.group(1).split(","))
         return names
 
+    def _collectable(self, st: State, now: float, busy: set[str]) -> list[Version]:
+        assert self.stale_loading_s is not None
+        drained = [v for v in st.versions() if v.state == "retired"
+                   and now - (v.retired_unix or 0.0) >= self.drain_s]
+        stale = [v for v in st.versions() if v.state == "loading"
+                 and now - (v.pinned_unix or 0.0) >= self.stale_loading_s]
+        return [v for v in drained + stale if v.name not in busy]
+
     def collect(self) -> list[str]:
         """Unload retired versions past their drain time that no request uses any more (the
-        servers' metrics); returns those unloaded."""
+        servers' metrics), and versions a dead publisher left loading; returns those unloaded.
+
+        The choice and the unload happen under the registry's lock, so a rollback cannot make
+        a version live between the two (it records its version as ``loading`` under the same
+        lock first). Unloading is one short request per server; loading is never done here."""
         now = time.time()
-        retired = [v for vs in self.history.values() for v in vs if v.state == "retired"
-                   and now - (v.retired_unix or 0.0) >= self.drain_s]
-        if not retired:
+        if not self._collectable(State(self.store.read_history()), now, set()):
             return []
-        busy = self.busy()
+        busy = self.busy()  # HTTP to every server: before taking the lock
         done = []
-        for v in retired:
-            if v.name in busy:
-                continue
-            for server in self.servers:
-                _post(f"{_root(server)}/v1/unload_lora_adapter", {"lora_name": v.name},
-                      self.timeout_s)
-            v.state = "unloaded"
-            done.append(v.name)
-        if done:
-            self._save_history()
+        with self.store.transaction() as st:
+            for v in self._collectable(st, time.time(), busy):
+                if _unload(self.servers, v.name, min(self.timeout_s, 10.0)):
+                    v.state, v.pinned_unix = "unloaded", None
+                    done.append(v.name)
         return done
 
 
