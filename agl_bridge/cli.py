@@ -26,6 +26,49 @@ import threading
 from pathlib import Path
 
 
+def _loop(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from agl_bridge.trainer.loop.config import LoopConfig, read_config
+    from agl_bridge.trainer.loop.engine import Loop
+
+    values = read_config(args.config) if args.config else {}
+    for f in dataclasses.fields(LoopConfig):
+        given = getattr(args, f"loop_{f.name}", None)
+        if given is not None:
+            values[f.name] = given  # flags win over the file
+    cfg = LoopConfig.from_mapping(values, args.config or "flags")
+    data = Loop(cfg, fresh=args.fresh).run()
+    from agl_bridge.trainer.loop.summary import write_summary
+
+    print(write_summary(cfg.work, data))
+    return 0
+
+
+def _loop_args(parser: argparse.ArgumentParser) -> None:
+    """Every LoopConfig setting as a flag (help from its comment in config.py)."""
+    import dataclasses
+
+    from agl_bridge.trainer.loop.config import LoopConfig, setting_help
+
+    parser.add_argument("--config", help="a TOML or JSON file of these settings (flags win)")
+    parser.add_argument("--fresh", action="store_true", help="discard an earlier run in workdir")
+    helps = setting_help()
+    for f in dataclasses.fields(LoopConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kind = type(default) if default is not None and not isinstance(default, bool) else str
+        if f.name == "agents":
+            parser.add_argument(flag, dest=f"loop_{f.name}", nargs="+", metavar="ALIAS",
+                                help=helps.get(f.name))
+        elif isinstance(default, bool):
+            parser.add_argument(flag, dest=f"loop_{f.name}", action="store_true", default=None,
+                                help=helps.get(f.name))
+        else:
+            parser.add_argument(flag, dest=f"loop_{f.name}", type=kind, metavar=f.name.upper(),
+                                help=f"{helps.get(f.name, '')} (default: {default})")
+
+
 def _demo(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.loop import demo
 
@@ -337,6 +380,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     from agl_bridge.trainer.loop import demo
+
+    lp = sub.add_parser("loop", help="train, gate, publish and watch, round after round, for "
+                                     "any team (the continuous loop)",
+                        description="The continuous loop: collect episodes (a team command "
+                                    "run on tasks, or a live trace directory), train from the "
+                                    "live adapters, gate the candidate on held-out tasks, "
+                                    "publish, watch live rewards and roll back. Resumable.")
+    _loop_args(lp)
+    lp.set_defaults(func=_loop)
 
     d = sub.add_parser("demo", help="the main job: an AutoGen team of two agents learns from "
                                     "its own traces (closed loop on vLLM)",

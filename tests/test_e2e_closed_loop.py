@@ -17,6 +17,7 @@ from agl_bridge.trainer.loop import demo as closed_loop
 pytestmark = pytest.mark.e2e
 
 TINY = ["--model", "tiny", "--tasks-per-round", "4", "--rollouts", "4", "--eval-tasks", "8",
+        "--gate", "off",
         "--learning-rate", "2e-2", "--batch-size", "8"]
 
 

@@ -84,7 +84,8 @@ def convert(source: Source, out_path: str | os.PathLike[str],
             config: ConvertConfig | None = None, *,
             missing_reward: MissingReward | None = None,
             max_rows_in_memory: int = 100_000, progress: Progress | None = None,
-            tune_allocators: bool = False) -> ConversionStats:
+            tune_allocators: bool = False,
+            evaluations_from: Source | None = None) -> ConversionStats:
     """Spans under ``source`` -> transitions Parquet at ``out_path`` (written atomically).
 
     ``source``: span Parquet (a file, a directory tree of partitions, or a list), or OTLP/JSON
@@ -93,14 +94,17 @@ def convert(source: Source, out_path: str | os.PathLike[str],
     ``progress(done, total)`` is called per batch read (streaming) or per bucket.
     ``tune_allocators``: switch process-wide allocator settings for the call
     (``memory.short_lived_arrays``; the ``agl-bridge convert`` command does).
+    ``evaluations_from``: span files (a directory) whose evaluation records count too, beside
+    those in ``source`` (feedback lands anywhere; a loop converts only its new span files).
     """
     cfg = _config(config, missing_reward)
     if max_rows_in_memory < 1:
         raise ValueError(f"max_rows_in_memory must be positive, got {max_rows_in_memory}")
+    extra = span_files(evaluations_from) if evaluations_from is not None else []
     if tune_allocators:
         with short_lived_arrays():
-            return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress)
-    return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress)
+            return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra)
+    return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra)
 
 
 def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
@@ -118,17 +122,19 @@ def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
 
 
 def _convert(source: Source, out_path: Path, cfg: ConvertConfig, max_rows_in_memory: int,
-             progress: Progress | None) -> ConversionStats:
+             progress: Progress | None, extra: list[Path] | None = None) -> ConversionStats:
     otlp = otlp_json_files(source)
     if otlp:
         return _convert_otlp(source, otlp, out_path, cfg, max_rows_in_memory, progress)
     return _convert_files(span_files(source), f" (under {source})", out_path, cfg,
-                          max_rows_in_memory, progress)
+                          max_rows_in_memory, progress, extra)
 
 
 def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
-                   max_rows_in_memory: int, progress: Progress | None) -> ConversionStats:
-    found = scan_files(files)
+                   max_rows_in_memory: int, progress: Progress | None,
+                   extra: list[Path] | None = None) -> ConversionStats:
+    seen = {p.resolve() for p in files}
+    found = scan_files(files + [p for p in extra or () if p.resolve() not in seen])
     resolved = resolve_files(found, files, weights=cfg.evaluation_weights,
                              labels=cfg.evaluation_labels) if found else None
     stats = _route(files, where, out_path, cfg, max_rows_in_memory, progress,

@@ -1,4 +1,4 @@
-"""Statistics and the HTML page of the closed loop (``closed_loop.py``).
+"""Statistics and the HTML page of the demo's loop (``demo.py``, on ``engine.py``).
 
 Success rates get 95% Wilson score intervals (sound at 0% and 100%, unlike the normal
 approximation); mean rewards get a normal-approximation interval of the mean. The page is one
@@ -91,7 +91,7 @@ def plot_before_after(base: dict, final: dict) -> str:
 def plot_rounds(data: dict) -> str:
     fig = _figure()
     ax = fig.add_subplot()
-    rounds = data["rounds"]
+    rounds = [r for r in data["rounds"] if "episodes" in r]
     xs = [r["round"] for r in rounds]
     for key, label, colour in (("success", "team success", "#1f77b4"),):
         vals = [r["episodes"][key]["rate"] * 100 for r in rounds]
@@ -138,8 +138,8 @@ def training_curves(work: Path, data: dict) -> list[tuple[str, str]]:
     merged.parent.mkdir(parents=True, exist_ok=True)
     with open(merged, "w") as out:
         for r in data["rounds"]:
-            path = Path(r["metrics"])
-            if path.exists():
+            path = Path(r.get("metrics") or "")
+            if r.get("metrics") and path.exists():
                 out.write(path.read_text())
     records, problems = load_metrics(merged)
     if not records:
@@ -173,7 +173,7 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
 
 def _examples(work: Path, n: int = 6) -> str:
     def load(label):
-        path = work / label / "episodes.jsonl"
+        path = work / label / "results.jsonl"
         if not path.exists():
             return {}
         return {r["task_id"]: r for r in map(json.loads, path.read_text().splitlines())}
@@ -192,6 +192,17 @@ def _examples(work: Path, n: int = 6) -> str:
                   rows)
 
 
+def _gate(record: dict) -> str:
+    gate = record.get("gate")
+    if not gate:
+        return "–"
+    if "low" not in gate:
+        return html.escape(gate.get("rule", ""))
+    verdict = "publish" if gate["publish"] else "refused"
+    return (f"{verdict}: {gate['difference']:+.3f} [{gate['low']:+.3f}, {gate['high']:+.3f}] "
+            f"over {gate['n']}")
+
+
 def _sampling(settings: dict) -> str:
     t = settings.get("eval_temperature", 0)
     return "greedily" if t == 0 else f"by sampling at temperature {t}"
@@ -199,7 +210,7 @@ def _sampling(settings: dict) -> str:
 
 def write_report(work: Path, data: dict) -> Path:
     base, final = data.get("baseline"), data.get("final")
-    s = data["settings"]
+    s = data.get("demo") or data["settings"]
     body = ["<h1>agl-bridge closed loop: a two-agent AutoGen team learns from its own traces</h1>",
             f"<p class='note'>Model {html.escape(s['model'])}, task {html.escape(s['task'])}; "
             f"{len(data['rounds'])} round(s) of {s['tasks_per_round']} tasks x {s['rollouts']} "
@@ -226,11 +237,20 @@ def write_report(work: Path, data: dict) -> Path:
     if data["rounds"]:
         body += ["<h2>Per round</h2>", f"<img src='data:image/png;base64,{plot_rounds(data)}'>",
                  _table(["round", "episodes", "team success", "team reward", "transitions",
-                         "steps", "zero-variance groups", "published", "seconds"],
-                        [[r["round"], r["team"]["episodes"], _pct(r["episodes"]["success"]),
-                          _mean(r["episodes"]["team_reward"]), r["transitions"], r["steps"],
-                          r["zero_variance_groups"], ", ".join(r["published"].values()),
+                         "steps", "zero-variance groups", "gate", "published", "seconds"],
+                        [[r["round"], r.get("team", {}).get("episodes", "–"),
+                          _pct(r["episodes"]["success"]) if "episodes" in r else "–",
+                          _mean(r["episodes"]["team_reward"]) if "episodes" in r else "–",
+                          r.get("transitions"), r.get("steps"), r.get("zero_variance_groups"),
+                          _gate(r), ", ".join(r.get("published", {}).values()) or "–",
                           f"{r['seconds']:.0f}"] for r in data["rounds"]])]
+        events = [e for e in data.get("events", []) if e["event"] != "published"]
+        if events:
+            body += ["<h2>Refusals and rollbacks</h2>",
+                     _table(["round", "what", "versions", "why"],
+                            [[e["round"], e["event"],
+                              html.escape(json.dumps(e.get("candidate") or e.get("from"))),
+                              html.escape(e["reason"])] for e in events])]
         curves = training_curves(work, data)
         if curves:
             body.append("<h2>Training curves (one point per micro-batch, all rounds)</h2>")

@@ -71,6 +71,7 @@ def train_from_traces(
     resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
     adapters_dir: str | os.PathLike[str] | None = None,
     rewards: str | os.PathLike[str] | Recipe | None = None,
+    evaluations_from: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> TrainRun:
     """Convert ``traces`` (span Parquet, OTLP/JSON, or a transitions file) and train.
@@ -84,7 +85,8 @@ def train_from_traces(
     (True: the latest there) continues an interrupted run on the same transitions.
     ``adapters_dir`` (default ``<output_dir>/adapters``) is where versions are numbered: give
     successive runs the same one and their versions count on (v1, v2, ...). ``rewards``: a
-    reward recipe (a TOML path or a ``Recipe``) applied at conversion.
+    reward recipe (a TOML path or a ``Recipe``) applied at conversion; ``evaluations_from``: a
+    span directory whose evaluation records (feedback, judges) count besides ``traces``'.
     """
     from agl_bridge.trainer.training.config import GRPOConfig
     from agl_bridge.trainer.training.loop import train_policy
@@ -107,7 +109,8 @@ def train_from_traces(
         transitions = out / "transitions.parquet"
         recipe = load_recipe(rewards) if isinstance(rewards, (str, os.PathLike)) else rewards
         stats = convert(traces, transitions,
-                        ConvertConfig(algorithm=algorithm, recipe=recipe, **convert_options))
+                        ConvertConfig(algorithm=algorithm, recipe=recipe, **convert_options),
+                        evaluations_from=evaluations_from)
         if stats.transitions == 0:
             raise ValueError(f"no transitions from {traces}:\n{stats.summary()}")
     metrics_path = out / "metrics.jsonl"

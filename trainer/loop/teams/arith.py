@@ -24,12 +24,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
 import time
 from typing import TYPE_CHECKING
 
 import agl_bridge
+from agl_bridge.trainer.loop.team import RESULTS_ENV, ROLLOUTS_ENV, TASKS_ENV, TEMPERATURE_ENV
 
 if TYPE_CHECKING:
     from autogen_core.models import ModelInfo
@@ -105,6 +107,7 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                     agl_bridge.emit_reward(parts[name], scope="agent")
     return {"task_id": task["task_id"], "rollout": rollout, "episode_id": episode_id,
             "a": a, "b": b, "replies": replies, "success": bool(team_parts["correct"]),
+            "score": float(bool(team_parts["correct"])),
             "team_reward": sum(team_parts.values()),
             "agent_reward": {k: sum(v.values()) for k, v in parts.items()},
             "agent_correct": {k: bool(v["correct"]) for k, v in parts.items()}}
@@ -137,19 +140,26 @@ async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
 
 
 def main() -> None:
+    # a team command of the loop: what a flag leaves out comes from the environment the loop
+    # sets (agl_bridge.trainer.loop.team)
+    env = os.environ.get
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base-url", required=True)
-    ap.add_argument("--tasks", required=True, help="JSON lines: task_id, a, b")
-    ap.add_argument("--results", help="write one JSON line per episode here")
+    ap.add_argument("--base-url", default=env("OPENAI_BASE_URL"))
+    ap.add_argument("--tasks", default=env(TASKS_ENV), help="JSON lines: task_id, a, b")
+    ap.add_argument("--results", default=env(RESULTS_ENV),
+                    help="write one JSON line per episode here")
     ap.add_argument("--solver-model", default="solver")
     ap.add_argument("--checker-model", default="checker")
-    ap.add_argument("--rollouts", type=int, default=1, help="episodes per task (a group)")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--rollouts", type=int, default=int(env(ROLLOUTS_ENV) or 1),
+                    help="episodes per task (a group)")
+    ap.add_argument("--temperature", type=float, default=float(env(TEMPERATURE_ENV) or 0.0))
+    ap.add_argument("--max-tokens", type=int, default=int(env("AGL_BRIDGE_MAX_TOKENS") or 16))
     ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--reward", choices=("add", "lower"), default="add",
                     help="add: the arithmetic reward; lower: a toy one for random tiny models")
     args = ap.parse_args()
+    if not args.base_url or not args.tasks:
+        ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
     with open(args.tasks) as f:
         tasks = [json.loads(line) for line in f if line.strip()]
     t0 = time.perf_counter()

@@ -1,0 +1,28 @@
+"""A team command as the loop runs it: plain openai, configured by environment only
+(agl_bridge.trainer.loop.team). One agent, ``solver``, is asked to repeat a number; the episode's
+reward is 1 when it does. Its results go to AGL_BRIDGE_RESULTS with a score per episode."""
+
+import json
+import os
+
+import openai
+
+import agl_bridge
+
+client = openai.OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the loop
+rollouts = int(os.environ["AGL_BRIDGE_ROLLOUTS"])
+temperature = float(os.environ["AGL_BRIDGE_TEMPERATURE"])
+tasks = [json.loads(line) for line in open(os.environ["AGL_BRIDGE_TASKS"])]
+with open(os.environ["AGL_BRIDGE_RESULTS"], "w") as results:
+    for task in tasks:
+        for _ in range(rollouts):
+            with agl_bridge.episode(task_id=task["task_id"]) as episode, \
+                    agl_bridge.agent("solver"):
+                reply = client.chat.completions.create(
+                    model="solver", temperature=temperature, max_tokens=8,
+                    messages=[{"role": "user", "content": f"say {task['number']}"}])
+                score = float(str(task["number"]) in (reply.choices[0].message.content or ""))
+                agl_bridge.emit_reward(score)
+            results.write(json.dumps({"task_id": task["task_id"], "episode_id": episode,
+                                      "score": score}) + "\n")
+print(json.dumps({"episodes": len(tasks) * rollouts}))

@@ -1,0 +1,143 @@
+"""``agl-bridge loop`` on real training (a tiny model) with a scripted server in vLLM's place:
+the gate refuses a worse candidate, the watch rolls back a version whose live reward dropped,
+and a loop killed mid-run goes on from its state file. The scripted server makes "worse"
+deterministic: it answers wrongly for the adapter versions a test names."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agl_bridge.trainer.loop.config import LoopConfig
+from agl_bridge.trainer.loop.engine import Loop
+from agl_bridge.trainer.loop.gate import gate, paired
+from agl_bridge.trainer.loop.team import write_tasks
+from agl_bridge.trainer.loop.watch import watch
+from tests.scripted_server import ScriptedServer
+
+TEAM = f"python {Path(__file__).parent / 'agents' / 'loop_team.py'}"
+
+
+def server_for(bad: set[str]) -> ScriptedServer:
+    """A vLLM stand-in whose named versions answer wrongly and all others rightly."""
+    def script(body):
+        if body["model"] in bad:
+            return "no", []
+        match = re.search(r"say (\d+)", body["messages"][-1]["content"])
+        return (match.group(1) if match else "ok"), []
+    return ScriptedServer(vllm=True, lora=True, base_model="base", script=script,
+                          completion_ids=[11, 12])
+
+
+def setup(tmp_path, tiny, server, **settings):
+    write_tasks(tmp_path / "train.jsonl", [{"task_id": f"t{i}", "number": i} for i in range(12)])
+    write_tasks(tmp_path / "eval.jsonl", [{"task_id": f"e{i}", "number": 100 + i}
+                                          for i in range(6)])
+    values = dict(workdir=str(tmp_path / "loop"), model=str(tiny), server=server.base_url,
+                  registry=str(tmp_path / "registry"), agents=["solver"], team=TEAM,
+                  tasks=str(tmp_path / "train.jsonl"), tasks_per_round=4, rollouts=2,
+                  eval_tasks=str(tmp_path / "eval.jsonl"), learning_rate=1e-2, batch_size=4,
+                  lora_r=4, rounds=2, minutes=30, watch_episodes=4, missing_reward="drop")
+    values.update(settings)
+    return LoopConfig(**values)
+
+
+def test_the_gate_refuses_a_worse_candidate_and_publishes_a_good_one(tmp_path, tiny):
+    with server_for(bad={"solver@v1"}) as server:
+        data = Loop(setup(tmp_path, tiny, server)).run()
+    r0, r1 = data["rounds"]
+    assert r0["gate"]["publish"] is False and r0["gate"]["difference"] == -1.0
+    assert "refused" not in r0 and r0.get("published") is None
+    assert r0["live_after"] == {"solver": "base"}  # the worse adapter never went live
+    assert r1["gate"]["publish"] is True and r1["published"] == {"solver": "solver@v2"}
+    assert data["live"] == {"solver": "solver@v2"}
+    assert json.loads((tmp_path / "registry" / "aliases.json").read_text())["aliases"] == {
+        "solver": "solver@v2"}
+    assert "solver@v1" not in server.adapters  # the refused candidate was unloaded
+    refused = [e for e in data["events"] if e["event"] == "refused"]
+    assert len(refused) == 1 and "95% interval" in refused[0]["reason"]
+    assert data["final"]["score"] == 1.0 and data["baseline"]["score"] == 1.0
+
+
+def test_the_watch_rolls_back_a_version_whose_live_reward_dropped(tmp_path, tiny):
+    # the gate is off; v1 goes live, then answers wrongly in the rollouts it serves
+    with server_for(bad={"solver@v1"}) as server:
+        data = Loop(setup(tmp_path, tiny, server, gate="off", eval_tasks=None)).run()
+    r0, r1 = data["rounds"]
+    assert r0["published"] == {"solver": "solver@v1"}
+    assert r1["watch"]["verdict"] == "rollback" and r1["rolled_back"] is True
+    assert r1["watch"]["current"] == 0.0 and r1["watch"]["previous"] == 1.0
+    back = [e for e in data["events"] if e["event"] == "rolled back"]
+    assert back and back[0]["to"] == {"solver": "base"}
+    # round 1 then trained from base and published v2, which the server answers rightly
+    assert r1["published"] == {"solver": "solver@v2"} and data["live"] == {"solver": "solver@v2"}
+
+
+def test_a_killed_loop_goes_on_from_its_state(tmp_path, tiny):
+    with server_for(bad=set()) as server:
+        cfg = setup(tmp_path, tiny, server, gate="off", rounds=3)
+        config = tmp_path / "loop.json"
+        config.write_text(json.dumps({k: v for k, v in cfg.settings().items()}))
+        state = tmp_path / "loop" / "state.json"
+        cmd = [sys.executable, "-m", "agl_bridge.cli", "loop", "--config", str(config)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:  # wait until round 0 is recorded
+                if state.exists() and len(json.loads(state.read_text())["rounds"]) >= 1:
+                    break
+                time.sleep(0.2)
+            else:
+                pytest.fail("round 0 never finished")
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        round0 = json.loads(state.read_text())["rounds"][0]
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    data = json.loads(state.read_text())
+    assert data["resumed"] == 1 and len(data["rounds"]) == 3
+    assert data["rounds"][0] == round0  # kept as it was
+    assert [r["published"] for r in data["rounds"]] == [
+        {"solver": f"solver@v{n}"} for n in (1, 2, 3)]
+    assert "round 2" in again.stdout and "held-out score" in again.stdout
+
+
+@pytest.mark.parametrize("live, candidate, rule, publish", [
+    ({"a": 1, "b": 1, "c": 0}, {"a": 1, "b": 1, "c": 0}, "not_worse", True),
+    ({"a": 1, "b": 1, "c": 1, "d": 1}, {"a": 0, "b": 0, "c": 0, "d": 0}, "not_worse", False),
+    ({"a": 1, "b": 0, "c": 1, "d": 0}, {"a": 0, "b": 1, "c": 0, "d": 1}, "not_worse", True),
+    ({"a": 0, "b": 0, "c": 0}, {"a": 1, "b": 1, "c": 1}, "better", True),
+    ({"a": 0, "b": 1, "c": 0}, {"a": 1, "b": 0, "c": 1}, "better", False),
+    ({"a": 1}, {"b": 0}, "not_worse", False),  # nothing scored for both: refused
+    ({"a": 1}, {"b": 0}, "off", True),
+])
+def test_gate_rules(live, candidate, rule, publish):
+    decision = gate(live, candidate, rule=rule)
+    assert decision.publish is publish, decision.rule
+
+
+def test_paired_interval_by_hand():
+    n, l_mean, c_mean, diff, low, high = paired({"a": 1, "b": 0, "c": 1}, {"a": 1, "b": 1,
+                                                                         "c": 0, "x": 5})
+    assert (n, l_mean, c_mean, diff) == (3, pytest.approx(2 / 3), pytest.approx(2 / 3), 0.0)
+    half = 1.959964 * 1.0 / 3 ** 0.5  # differences 0, 1, -1: sd 1
+    assert (low, high) == (pytest.approx(-half), pytest.approx(half))
+
+
+@pytest.mark.parametrize("previous, current, verdict", [
+    ([1.0] * 10, [0.0] * 10, "rollback"),
+    ([1.0, 0.0] * 5, [1.0, 0.0] * 5, "keep"),
+    ([1.0] * 10, [0.98] * 10, "keep"),  # below by less than the margin
+    ([1.0, 0.0] * 5, [0.0, 1.0, 0.0] * 3 + [0.0], "keep"),  # lower, within noise
+    ([1.0] * 10, [0.0] * 3, "wait"),
+])
+def test_watch_rules(previous, current, verdict):
+    assert watch(previous, current, margin=0.05, min_episodes=5).verdict == verdict

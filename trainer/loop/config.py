@@ -1,0 +1,142 @@
+"""``LoopConfig``: everything ``agl-bridge loop`` needs, one documented configuration.
+
+Given as a TOML file (``--config loop.toml``, the same names) and/or flags (flags win). The
+names group as the loop's stages read them: where episodes come from (``team`` + ``tasks``, or a
+live ``traces`` directory), how they are rewarded and compared (``rewards``, ``baseline``, ...),
+training, the gate, the watch, the budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agl_bridge.trainer.loop.gate import RULES, GateRule
+from agl_bridge.trainer.rewards.baselines import parse_baselines
+
+
+@dataclass
+class LoopConfig:
+    workdir: str = "agl_bridge_loop"
+    # -- the model and its server -------------------------------------------------------------
+    model: str = ""  # a local model directory
+    server: str | None = None  # an OpenAI-compatible vLLM base URL to use; None: start one
+    registry: str | None = None  # its alias table's directory (with server); default workdir
+    agents: list[str] = field(default_factory=list)  # the aliases the team's agents ask for
+    max_model_len: int = 1024
+    max_lora_rank: int = 16
+    # -- where episodes come from: the loop runs the team, or a service writes traces ----------
+    team: str | None = None  # the team command (see trainer/loop/team.py)
+    tasks: str | None = None  # JSON lines of training tasks the team plays, in order
+    tasks_per_round: int = 32
+    rollouts: int = 4  # episodes per task per round (a group)
+    temperature: float = 0.6
+    traces: str | None = None  # a live span directory the user's service writes to
+    settle_s: float = 30.0  # live: a span file is used once this old (feedback may follow)
+    min_episodes: int = 64  # live: rewarded episodes a round needs ...
+    max_wait_s: float = 600.0  # ... or this long, whichever comes first
+    # -- rewards and advantages ---------------------------------------------------------------
+    rewards: str | None = None  # a reward recipe (TOML)
+    baseline: str = "group"  # group | batch | key:ATTRIBUTE, comma-separated: first that applies
+    per_agent_advantages: bool = False
+    missing_reward: str = "drop"  # or a number
+    # -- training -----------------------------------------------------------------------------
+    algorithm: str = "at_grpo"
+    policy: str = "per_agent_lora"
+    learning_rate: float = 2e-4
+    batch_size: int = 16
+    epochs: int = 1
+    lora_r: int = 16
+    alpha: float = 1.0  # AT-GRPO team reward weight
+    seed: int = 0
+    # -- the gate: held-out evaluation of each candidate beside the live version -------------
+    eval_team: str | None = None  # default: the team command
+    eval_tasks: str | None = None  # JSON lines of held-out tasks (never trained on)
+    gate_tasks: str | None = None  # held-out tasks the gate compares on (default: eval_tasks)
+    eval_rollouts: int = 1
+    eval_temperature: float = 0.0
+    gate: str = "not_worse"  # not_worse | better | off
+    gate_tolerance: float = 0.0
+    # -- the watch: live reward of a new version against the previous one ---------------------
+    watch_episodes: int = 32  # rewarded episodes of the new version before judging it
+    watch_margin: float = 0.05
+    # -- budget -------------------------------------------------------------------------------
+    rounds: int = 10
+    minutes: float = 60.0
+    max_tokens: int = 64  # passed to the team as AGL_BRIDGE_MAX_TOKENS
+
+    def check(self) -> LoopConfig:
+        """Refuse what cannot work, naming the setting."""
+        if not self.model:
+            raise ValueError("model: a local model directory is required")
+        if (self.team is None) == (self.traces is None):
+            raise ValueError("give either team (with tasks) or traces: where episodes come from")
+        if self.team is not None and self.tasks is None:
+            raise ValueError("team needs tasks: a JSON lines file of training tasks")
+        if self.gate not in RULES:
+            raise ValueError(f"gate must be one of {RULES}, got {self.gate!r}")
+        if self.gate != "off" and (self.gate_tasks or self.eval_tasks) is None:
+            raise ValueError("the gate needs eval_tasks (held-out tasks), or gate = 'off'")
+        if self.gate != "off" and (self.eval_team or self.team) is None:
+            raise ValueError("the gate needs eval_team (the team command run on eval_tasks)")
+        if not self.agents:
+            raise ValueError("agents: the aliases the team's agents ask for (one adapter each)")
+        parse_baselines(self.baseline)
+        for name in ("tasks_per_round", "rollouts", "min_episodes", "batch_size", "epochs",
+                     "rounds", "eval_rollouts", "watch_episodes"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        return self
+
+    @property
+    def gate_rule(self) -> GateRule:
+        return self.gate  # type: ignore[return-value]  # checked in check()
+
+    @property
+    def work(self) -> Path:
+        return Path(self.workdir).resolve()
+
+    def settings(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "<config>") -> LoopConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**dict(values))
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """A TOML or JSON file of settings."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    text = Path(path).read_text()
+    try:
+        values = tomllib.loads(text) if path.endswith(".toml") else json.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a table of settings")
+    return values
+
+
+def setting_help() -> dict[str, str]:
+    """Each setting's comment in this file, as its flag's help."""
+    import inspect
+    import re
+
+    out: dict[str, str] = {}
+    for line in inspect.getsource(LoopConfig).splitlines():
+        m = re.match(r"\s+(\w+): [^=]+= .*?#\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out

@@ -1,0 +1,460 @@
+"""``agl-bridge loop``: train on what the team did, gate the candidate, publish, watch, repeat.
+
+Each round:
+
+1. **collect**: the loop runs the team command on the next training tasks (``team`` +
+   ``tasks``), or waits until the user's service has written enough new rewarded episodes to a
+   live trace directory (``traces``; a span file is used once ``settle_s`` old, so feedback that
+   follows an episode has time to arrive);
+2. **watch**: the live rewards those episodes got, by the adapter version that served them; if
+   the version published last does worse than the one before it beyond noise and a margin
+   (``watch.py``), it is rolled back, and the reason recorded;
+3. **train**: ``train_from_traces`` from the live adapters (rewards inline, feedback, recipe,
+   judges' scores; the configured baseline);
+4. **gate**: the candidate is served under its own version name and evaluated on the held-out
+   tasks beside the live version (``gate.py``); refused, it is unloaded and never goes live;
+5. **publish**: the aliases the agents ask for switch to the candidate.
+
+Everything is recorded in ``<workdir>/state.json`` after each stage; a stopped loop goes on
+from there (a round cut short starts again). ``report.html`` shows rewards per version, the
+gate's decisions, rollbacks and the time per stage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from agl_bridge.trainer.loop.config import LoopConfig
+from agl_bridge.trainer.loop.gate import gate
+from agl_bridge.trainer.loop.state import LoopState
+from agl_bridge.trainer.loop.team import TeamRun, run_team, task_scores
+from agl_bridge.trainer.loop.watch import watch
+
+BASE = "base"  # the base model's served name, which every alias points at first
+RECENT = 2000  # rewards kept per version for the watch
+
+
+def log(msg: str) -> None:
+    print(f"[loop {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def read_tasks(path: str | Path) -> list[dict[str, Any]]:
+    tasks = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+        if not isinstance(task, dict) or not isinstance(task.get("task_id"), str):
+            raise ValueError(f"{path}:{n}: a task is an object with a string task_id")
+        tasks.append(task)
+    return tasks
+
+
+def version_key(aliases: dict[str, str]) -> str:
+    """The live versions of all agents as one key (``checker@v2,solver@v2``)."""
+    return ",".join(sorted(set(aliases.values())))
+
+
+def episode_versions(transitions: Path) -> dict[str, list[float]]:
+    """Version key -> per-episode mean reward, from a transitions file (the policy versions
+    that served the episode's calls)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(transitions, columns=["episode_id", "policy_version", "reward"])
+    by_episode: dict[str, tuple[set[str], list[float]]] = {}
+    for e, v, r in zip(*(rows[c].to_pylist() for c in ("episode_id", "policy_version",
+                                                        "reward"))):
+        versions, rewards = by_episode.setdefault(e, (set(), []))
+        versions.add(v or BASE)
+        rewards.append(r)
+    out: dict[str, list[float]] = {}
+    for versions, rewards in by_episode.values():
+        out.setdefault(",".join(sorted(versions)), []).append(math.fsum(rewards) / len(rewards))
+    return out
+
+
+class Loop:
+    """One loop over a workdir (``LoopConfig``); ``run()`` returns the state's data."""
+
+    def __init__(self, cfg: LoopConfig, *, fresh: bool = False,
+                 hooks: dict[str, Callable[..., Any]] | None = None) -> None:
+        self.cfg = cfg.check()
+        self.work = cfg.work
+        self.state = LoopState(self.work, cfg.settings(), fresh)
+        self.hooks = hooks or {}  # the demo's: what it records per round and evaluation
+        self.data = self.state.data
+        self.data.setdefault("live", {a: BASE for a in cfg.agents})
+        self.data.setdefault("evals", {})  # version key -> task -> score
+        self.data.setdefault("rewards", {})  # version key -> recent per-episode rewards
+        self.data.setdefault("events", [])  # publishes, refusals, rollbacks, with reasons
+        self.data.setdefault("consumed", [])  # live: span files already trained on
+        self.data.setdefault("next_task", 0)
+        self.registry = Path(cfg.registry) if cfg.registry else self.work / "registry"
+        self.server: Any = None
+        self.base_url = cfg.server or ""
+
+    # -- the run -----------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        if self.data["resumed"]:
+            log(f"resuming {self.work}: {len(self.data['rounds'])} round(s) done, "
+                f"{self.state.elapsed / 60:.1f} min spent")
+        if self._complete():
+            log("this run is complete; rewriting its report (--rounds or --minutes to go on)")
+            return self.data
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            with self._serving():
+                self._evaluate("baseline")
+                while self._budget_allows():
+                    if not self._round(len(self.data["rounds"])):
+                        break
+                self._evaluate("final")
+                self.data["final"]["budget"] = [self.cfg.rounds, self.cfg.minutes]
+                self.state.save()
+        except KeyboardInterrupt:
+            log(f"stopped; run the same command again to go on from {self.state.path}")
+            raise SystemExit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return self.data
+
+    def _complete(self) -> bool:
+        final = self.data.get("final")
+        return bool(final and final.get("after_rounds") == len(self.data["rounds"])
+                    and final.get("budget") == [self.cfg.rounds, self.cfg.minutes])
+
+    def _budget_allows(self) -> bool:
+        done = self.data["rounds"]
+        if len(done) >= self.cfg.rounds:
+            return False
+        per_round = [r["seconds"] for r in done[-2:]]
+        estimate = max(per_round) if per_round else 0.0
+        evals = self.data.get("baseline", {}).get("seconds", 0.0) * 1.5 + 10
+        if self.state.elapsed + estimate + evals > self.cfg.minutes * 60:
+            log(f"stopping before round {len(done)}: {self.state.elapsed / 60:.1f} min spent, a "
+                f"round takes about {estimate / 60:.1f} min, the final evaluation about "
+                f"{evals / 60:.1f} min, budget {self.cfg.minutes:.0f} min")
+            return False
+        return True
+
+    @contextmanager
+    def _serving(self) -> Iterator[None]:
+        """The vLLM server (started here unless one was given) and the publisher; the live
+        versions recorded in the state are loaded again into a fresh server."""
+        from agl_bridge.aliases import AliasTable
+        from agl_bridge.trainer.serving.publisher import Publisher
+
+        if self.cfg.server is None:
+            from agl_bridge.trainer.serving.vllm_server import VLLMServer, has_cuda
+
+            shutil.rmtree(self.registry, ignore_errors=True)  # it lives as long as the server
+            log(f"starting vLLM on {Path(self.cfg.model).name} (log: {self.work / 'vllm.log'})")
+            with self.state.timed("start vLLM"):
+                self.server = VLLMServer(
+                    self.cfg.model, served_model_name=BASE, max_model_len=self.cfg.max_model_len,
+                    max_loras=4, max_lora_rank=self.cfg.max_lora_rank, kv_cache_gib=2,
+                    log_path=self.work / "vllm.log",
+                    extra_args=["--gpu-memory-utilization", "0.35"] if has_cuda() else []
+                ).start()
+            self.base_url = self.server.base_url
+        try:
+            self.publisher = Publisher([self.base_url], self.registry, base_model=self.cfg.model,
+                                       max_lora_rank=self.cfg.max_lora_rank, drain_s=2.0)
+            table = AliasTable(self.registry / "aliases.json")
+            if self.server is not None or not table.path.exists():
+                table.write({a: BASE for a in self.cfg.agents})
+                if any(v != BASE for v in self.data["live"].values()):
+                    with self.state.timed("publish"):  # a fresh server: the live versions again
+                        for alias, name in self.data["live"].items():
+                            if name != BASE:
+                                self.publisher.publish(self._adapter_dir(alias, name), alias=alias)
+            yield
+        finally:
+            if self.server is not None:
+                self.server.stop()
+
+    def _adapter_dir(self, alias: str, name: str) -> Path:
+        number = int(name.rsplit("@v", 1)[1])
+        return self.work / "adapters" / alias / f"v{number:04d}"
+
+    # -- one round ---------------------------------------------------------------------------
+    def _round(self, r: int) -> bool:
+        """Returns False when there is nothing more to learn from (no tasks left)."""
+        t0 = time.perf_counter()
+        rdir = self.work / f"round{r:02d}"
+        shutil.rmtree(rdir, ignore_errors=True)  # a round cut short starts again
+        record: dict[str, Any] = {"round": r, "live_before": dict(self.data["live"])}
+        sources = self._collect(r, rdir, record)
+        if sources is None:
+            return False
+        trained = self._train(r, rdir, sources, record)
+        if trained is not None:
+            self._watch(record, Path(trained["transitions_path"]))
+            decision = self._gate(r, rdir, trained["adapters"], record)
+            if decision:
+                self._publish(r, trained["adapters"], record)
+        record["seconds"] = time.perf_counter() - t0
+        record["live_after"] = dict(self.data["live"])
+        if "round" in self.hooks:
+            self.hooks["round"](self, rdir, record)
+        self.data["rounds"].append(record)
+        self.data["consumed"] += record.get("consumed", [])
+        self.data["next_task"] = record.get("next_task", self.data["next_task"])
+        self.state.save()
+        log(f"round {r}: {record.get('transitions', 0)} transitions; live now "
+            f"{self.data['live']}; round took {record['seconds']:.0f} s, "
+            f"{self.state.elapsed / 60:.1f} min spent")
+        return True
+
+    def _collect(self, r: int, rdir: Path, record: dict[str, Any]) -> list[Path] | None:
+        cfg = self.cfg
+        if cfg.team is not None:
+            tasks = read_tasks(cfg.tasks or "")
+            start = self.data["next_task"]
+            chunk = tasks[start:start + cfg.tasks_per_round]
+            if not chunk:
+                log(f"round {r}: no training tasks left in {cfg.tasks}")
+                return None
+            log(f"round {r}: {len(chunk)} tasks x {cfg.rollouts} rollouts on "
+                f"{self.data['live']} ...")
+            with self.state.timed("rollouts (team + capture)"):
+                run = self._team(cfg.team, chunk, rdir, rollouts=cfg.rollouts,
+                                 temperature=cfg.temperature)
+            record["team"] = run.summary
+            record["next_task"] = start + len(chunk)
+            return [run.spans]
+        return self._wait_for_traces(r, record)
+
+    def _team(self, command: str, tasks: list[dict[str, Any]], out: Path, *, rollouts: int,
+              temperature: float, aliases: Path | None = None) -> TeamRun:
+        return run_team(command, tasks, out, base_url=self.base_url,
+                        aliases=aliases or self.registry / "aliases.json", rollouts=rollouts,
+                        temperature=temperature, service="team",
+                        extra_env={"AGL_BRIDGE_MAX_TOKENS": str(self.cfg.max_tokens)})
+
+    def _wait_for_traces(self, r: int, record: dict[str, Any]) -> list[Path] | None:
+        """Live: wait for span files the loop has not used, old enough for their feedback,
+        until they hold ``min_episodes`` rewarded episodes or ``max_wait_s`` has passed."""
+        from agl_bridge.parquet_io import iter_parquet_files
+
+        cfg = self.cfg
+        consumed = set(self.data["consumed"])
+        t0 = time.monotonic()
+        log(f"round {r}: waiting for {cfg.min_episodes} rewarded episodes in {cfg.traces} ...")
+        with self.state.timed("waiting for traces"):
+            while True:
+                now = time.time()
+                fresh = [p for p in iter_parquet_files(cfg.traces or "")
+                         if str(p) not in consumed and now - p.stat().st_mtime >= cfg.settle_s]
+                episodes = self._rewarded_episodes(fresh) if fresh else 0
+                waited = time.monotonic() - t0
+                if episodes >= cfg.min_episodes or (waited >= cfg.max_wait_s and episodes):
+                    break
+                if waited >= cfg.max_wait_s * 4 and not fresh:
+                    log(f"round {r}: nothing new in {cfg.traces} for {waited:.0f} s; stopping")
+                    return None
+                time.sleep(min(5.0, max(0.5, cfg.settle_s / 4)))
+        record["consumed"] = [str(p) for p in fresh]
+        record["episodes_waited_for"] = episodes
+        return fresh
+
+    def _convert_config(self) -> dict[str, Any]:
+        cfg = self.cfg
+        missing: Any = cfg.missing_reward if cfg.missing_reward == "drop" else float(
+            cfg.missing_reward)
+        return {"baseline": cfg.baseline, "per_agent_advantages": cfg.per_agent_advantages,
+                "missing_reward": missing, "alpha": cfg.alpha}
+
+    def _rewarded_episodes(self, files: list[Path]) -> int:
+        from agl_bridge.trainer.conversion import ConvertConfig, convert
+        from agl_bridge.trainer.rewards.recipes import load_recipe
+
+        recipe = load_recipe(self.cfg.rewards) if self.cfg.rewards else None
+        probe = self.work / "probe" / "transitions.parquet"
+        stats = convert(files, probe, ConvertConfig(recipe=recipe, **self._convert_config()),
+                        evaluations_from=self.cfg.traces)
+        import pyarrow.parquet as pq
+
+        return len(set(pq.read_table(probe, columns=["episode_id"])["episode_id"].to_pylist())) \
+            if stats.transitions else 0
+
+    def _train(self, r: int, rdir: Path, sources: list[Path], record: dict[str, Any]
+               ) -> dict[str, Any] | None:
+        from agl_bridge.trainer.training.from_traces import train_from_traces
+
+        cfg = self.cfg
+        init = {a: str(self._adapter_dir(a, v)) for a, v in self.data["live"].items()
+                if v != BASE}
+        log(f"round {r}: training from {len(sources)} source(s) ...")
+        with self.state.timed("convert + train"):
+            try:
+                run = train_from_traces(
+                    [str(s) for s in sources], cfg.model, algorithm=cfg.algorithm,  # type: ignore[arg-type]
+                    policy=cfg.policy, output_dir=rdir / "train",  # type: ignore[arg-type]
+                    adapters_dir=self.work / "adapters", init_adapters=init or None,
+                    progress=sys.stderr.isatty(), rewards=cfg.rewards,
+                    evaluations_from=cfg.traces,
+                    learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
+                    lora_r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, seed=cfg.seed + r,
+                    num_train_epochs=cfg.epochs, **self._convert_config())
+            except ValueError as exc:  # no transitions: nothing to learn from this round
+                log(f"round {r}: nothing to train on ({str(exc).splitlines()[0]})")
+                record["trained"] = False
+                return None
+        conv = run.conversion
+        record.update({"trained": True, "adapters": {k: str(v) for k, v in run.adapters.items()},
+                       "steps": run.steps, "metrics": str(run.metrics_path),
+                       "transitions": conv.transitions if conv else None,
+                       "zero_variance_groups": conv.zero_variance_groups if conv else None,
+                       "baselines": dict(conv.baselines) if conv else {}})
+        return {"adapters": record["adapters"], "transitions_path": str(run.transitions_path)}
+
+    # -- evaluation, gate, publish, watch --------------------------------------------------
+    def _scores(self, label: str, aliases: dict[str, str], out: Path, tasks_file: str
+                ) -> dict[str, float]:
+        """Held-out scores of the versions ``aliases`` points at on ``tasks_file`` (cached per
+        version set and task file)."""
+        cfg = self.cfg
+        key = f"{version_key(aliases)} on {Path(tasks_file).name}"
+        if key in self.data["evals"] and label not in ("baseline", "final"):
+            return dict(self.data["evals"][key])
+        table = out / "aliases.json"
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(json.dumps({"aliases": aliases}))
+        tasks = read_tasks(tasks_file)
+        log(f"{label}: the team answers {len(tasks)} held-out tasks on {aliases} ...")
+        with self.state.timed("held-out evaluation"):
+            run = self._team(cfg.eval_team or cfg.team or "", tasks, out,
+                             rollouts=cfg.eval_rollouts, temperature=cfg.eval_temperature,
+                             aliases=table)
+        scores = task_scores(run.results)
+        if "evaluation" in self.hooks:
+            self.hooks["evaluation"](self, label, out, run)
+        self.data["evals"][key] = scores
+        self.state.save()
+        return scores
+
+    def _evaluate(self, label: str) -> None:
+        """The held-out evaluation of the live versions before the first round (``baseline``)
+        and after the last (``final``)."""
+        after = len(self.data["rounds"])
+        if label in self.data and (label == "baseline" or
+                                   self.data[label].get("after_rounds") == after):
+            return
+        if self.cfg.eval_tasks is None:
+            self.data[label] = {"after_rounds": after, "policy": dict(self.data["live"])}
+            return
+        t0 = time.perf_counter()
+        scores = self._scores(label, dict(self.data["live"]), self.work / label,
+                              self.cfg.eval_tasks)
+        n = len(scores)
+        self.data[label] = {**self.data.get(label, {}), "policy": dict(self.data["live"]),
+                            "after_rounds": after, "n": n, "seconds": time.perf_counter() - t0,
+                            "score": math.fsum(scores.values()) / n if n else math.nan}
+        if "evaluated" in self.hooks:
+            self.hooks["evaluated"](self, label, self.work / label)
+        self.state.save()
+
+    def _gate(self, r: int, rdir: Path, adapters: dict[str, str], record: dict[str, Any]
+              ) -> bool:
+        from agl_bridge.trainer.serving.publisher import load_and_probe, served_name
+        from agl_bridge.trainer.serving.validation import validate_adapter
+
+        cfg = self.cfg
+        candidate = dict(self.data["live"])
+        for alias, directory in adapters.items():
+            if alias not in candidate:
+                continue  # an agent the loop was not told about: not served under an alias
+            validate_adapter(directory, base_model=cfg.model, max_lora_rank=cfg.max_lora_rank)
+            candidate[alias] = served_name(directory, alias)
+            load_and_probe([self.base_url], candidate[alias], Path(directory))
+        record["candidate"] = candidate
+        gate_tasks = cfg.gate_tasks or cfg.eval_tasks
+        if cfg.gate == "off" or gate_tasks is None:
+            record["gate"] = {"publish": True, "rule": "gate off"}
+            return True
+        live = self._scores(f"round {r} gate: live", dict(self.data["live"]),
+                            rdir / "gate-live", gate_tasks)
+        cand = self._scores(f"round {r} gate: candidate", candidate, rdir / "gate-candidate",
+                            gate_tasks)
+        decision = gate(live, cand, rule=cfg.gate_rule, tolerance=cfg.gate_tolerance)
+        record["gate"] = decision.as_dict()
+        log(f"round {r} gate: {'publish' if decision.publish else 'REFUSED'}: {decision.rule}")
+        if not decision.publish:
+            self.data["events"].append({"round": r, "event": "refused", "candidate": candidate,
+                                        "reason": decision.rule})
+            self._unload([v for a, v in candidate.items() if v != self.data["live"].get(a)])
+        return decision.publish
+
+    def _unload(self, names: list[str]) -> None:
+        from agl_bridge.trainer.serving.publisher import _post, _root
+
+        for name in names:
+            _post(f"{_root(self.base_url)}/v1/unload_lora_adapter", {"lora_name": name}, 60.0)
+
+    def _publish(self, r: int, adapters: dict[str, str], record: dict[str, Any]) -> None:
+        with self.state.timed("publish"):
+            published = {a: self.publisher.publish(d, alias=a) for a, d in adapters.items()
+                         if a in self.data["live"]}
+        previous = dict(self.data["live"])
+        self.data["live"].update(published)
+        record["published"] = published
+        self.data["events"].append({"round": r, "event": "published", "versions": published,
+                                    "previous": previous})
+
+    def _watch(self, record: dict[str, Any], transitions: Path) -> None:
+        """This round's episodes' rewards by the versions that served them; the version
+        published last is judged against the one before it, and rolled back if worse."""
+        cfg = self.cfg
+        for key, rewards in episode_versions(transitions).items():
+            kept = self.data["rewards"].setdefault(key, [])
+            kept += rewards
+            del kept[:-RECENT]
+        published = [e for e in self.data["events"] if e["event"] == "published"]
+        if not published:
+            return
+        last = published[-1]
+        current_key = version_key({**last["previous"], **last["versions"]})
+        previous_key = version_key(last["previous"])
+        if current_key != version_key(self.data["live"]) or last.get("watched"):
+            return
+        decision = watch(self.data["rewards"].get(previous_key, []),
+                         self.data["rewards"].get(current_key, []), margin=cfg.watch_margin,
+                         min_episodes=cfg.watch_episodes)
+        record["watch"] = decision.as_dict()
+        if decision.verdict == "wait":
+            return
+        last["watched"] = decision.verdict
+        if decision.verdict == "rollback":
+            log(f"watch: rolling back {last['versions']} -> {last['previous']}: "
+                f"{decision.reason}")
+            with self.state.timed("publish"):
+                for alias, name in last["previous"].items():
+                    if name == BASE:
+                        from agl_bridge.aliases import AliasTable
+
+                        table = AliasTable(self.registry / "aliases.json")
+                        table.write({**table.read().get("aliases", {}), alias: BASE})
+                    else:
+                        self.publisher.rollback(alias, name)
+            self.data["live"].update(last["previous"])
+            self.data["events"].append({"round": record["round"], "event": "rolled back",
+                                        "from": last["versions"], "to": last["previous"],
+                                        "reason": decision.reason})
+            record["rolled_back"] = True
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

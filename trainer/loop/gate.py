@@ -1,0 +1,79 @@
+"""The gate: a candidate adapter goes live only if it is not worse than the live one.
+
+Both are evaluated on the same held-out tasks (never trained on); per task the candidate's
+score minus the live one's is a paired difference. Its mean and 95% interval (normal
+approximation, standard error of the mean difference) decide:
+
+* ``not_worse`` (default): publish unless the whole interval lies below ``-tolerance``: the
+  candidate is refused only when it is worse beyond noise (and beyond the tolerance);
+* ``better``: publish only if the whole interval lies above ``tolerance``;
+* ``off``: always publish (the decision is still computed and recorded).
+
+Pure: scores in, a decision with its rule and interval out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+GateRule = Literal["not_worse", "better", "off"]
+RULES: tuple[GateRule, ...] = ("not_worse", "better", "off")
+Z95 = 1.959964
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    publish: bool
+    rule: str  # the rule as a sentence, with its numbers
+    n: int  # tasks both were scored on
+    live: float  # mean score
+    candidate: float
+    difference: float  # candidate - live, mean over tasks
+    low: float  # 95% interval of the difference
+    high: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def paired(live: Mapping[str, float], candidate: Mapping[str, float]
+           ) -> tuple[int, float, float, float, float, float]:
+    """(n, live mean, candidate mean, mean difference, low, high) over the shared tasks."""
+    tasks = sorted(set(live) & set(candidate))
+    n = len(tasks)
+    if n == 0:
+        return 0, math.nan, math.nan, math.nan, -math.inf, math.inf
+    d = [candidate[t] - live[t] for t in tasks]
+    mean = math.fsum(d) / n
+    if n < 2:
+        return n, live[tasks[0]], candidate[tasks[0]], mean, -math.inf, math.inf
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in d) / (n - 1))
+    half = Z95 * sd / math.sqrt(n)
+    return (n, math.fsum(live[t] for t in tasks) / n,
+            math.fsum(candidate[t] for t in tasks) / n, mean, mean - half, mean + half)
+
+
+def gate(live: Mapping[str, float], candidate: Mapping[str, float], *,
+         rule: GateRule = "not_worse", tolerance: float = 0.0) -> GateDecision:
+    if rule not in RULES:
+        raise ValueError(f"gate rule must be one of {RULES}, got {rule!r}")
+    n, l_mean, c_mean, diff, low, high = paired(live, candidate)
+    interval = f"[{low:+.3f}, {high:+.3f}]"
+    if n == 0:
+        return GateDecision(rule == "off", "no held-out task scored for both: refused"
+                            if rule != "off" else "gate off", 0, l_mean, c_mean, diff, low, high)
+    if rule == "not_worse":
+        ok = high >= -tolerance
+        text = (f"publish unless candidate - live < -{tolerance:g} beyond noise: mean "
+                f"{diff:+.3f}, 95% interval {interval} over {n} tasks")
+    elif rule == "better":
+        ok = low > tolerance
+        text = (f"publish only if candidate - live > {tolerance:g} beyond noise: mean "
+                f"{diff:+.3f}, 95% interval {interval} over {n} tasks")
+    else:
+        ok = True
+        text = f"gate off: mean difference {diff:+.3f}, 95% interval {interval}"
+    return GateDecision(ok, text, n, l_mean, c_mean, diff, low, high)

@@ -1,0 +1,65 @@
+"""The loop's state file: settings, finished stages and their results, written atomically after
+each stage, so a loop stopped at any point (Ctrl-C, kill, a crash) goes on from there."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "state.json"
+# settings a resumed run may change: the budget
+BUDGET = ("rounds", "minutes")
+
+
+class LoopState:
+    """``<workdir>/state.json``. ``data`` holds ``settings``, ``rounds`` (one record per
+    finished round), ``seconds`` (per stage), ``resumed`` (how often), and what the stages add."""
+
+    def __init__(self, workdir: Path, settings: dict[str, Any], fresh: bool,
+                 budget: tuple[str, ...] = BUDGET) -> None:
+        self.path = workdir / STATE_FILE
+        if fresh and workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            try:
+                self.data = json.loads(self.path.read_text())
+            except ValueError as exc:
+                raise SystemExit(f"{self.path} is damaged ({exc}); use --fresh to start over "
+                                 "or another workdir") from None
+            old = {k: v for k, v in self.data["settings"].items() if k not in budget}
+            new = {k: v for k, v in settings.items() if k not in budget}
+            if old != new:
+                changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+                raise SystemExit(f"{self.path} was made with other settings ({changed}); use "
+                                 "--fresh to start over or another workdir")
+            self.data["settings"].update({k: settings[k] for k in budget if k in settings})
+            self.data["resumed"] = self.data.get("resumed", 0) + 1
+        else:
+            self.data = {"settings": settings, "rounds": [], "seconds": {}, "resumed": 0}
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self.data, indent=2))
+        os.replace(tmp, self.path)
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            secs = self.data["seconds"]
+            secs[stage] = secs.get(stage, 0.0) + time.perf_counter() - t0
+            self.save()
+
+    @property
+    def elapsed(self) -> float:
+        return float(sum(self.data["seconds"].values()))
