@@ -21,7 +21,7 @@ test: lint
 
 # the edit loop: everything but the end-to-end tests on a real vLLM
 test-fast: venv
-	.venv/bin/python -m pytest -q -m "not e2e"
+	.venv/bin/python -m pytest -q -m "not e2e and not gpu"
 
 lint: venv
 	@scripts/lint.sh

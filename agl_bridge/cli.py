@@ -1,17 +1,17 @@
 """``agl-bridge``: the pipeline's stages from the shell.
 
     agl-bridge demo                                 the main job: a team learns from its traces
+    agl-bridge loop --config loop.toml              train, gate, publish, watch: any team
     agl-bridge convert SPANS OUT.parquet            spans -> transitions, with a summary
     agl-bridge train TRACES --base-model DIR        convert and train -> new adapter versions
     agl-bridge report RUN_DIR                       a run's metrics as plots and one HTML page
     agl-bridge serve --model DIR                    vLLM with runtime LoRA (one or more replicas)
     agl-bridge publish ADAPTER_DIR --alias NAME     validate, load, probe, switch the alias
     agl-bridge rollback NAME v5                     an earlier version live again
-    agl-bridge collect / import / recover           OTLP in, Collector files in, crash recovery
     agl-bridge collect --out DIR                    an OTLP receiver (HTTP 4318, gRPC 4317)
     agl-bridge import FILES_OR_DIRS --out DIR       OTLP/JSON Collector files -> span Parquet
     agl-bridge recover DIR                          write-ahead logs of dead writers -> Parquet
-    agl-bridge report RUN                           metrics.jsonl -> PNG plots and report.html
+    agl-bridge feedback FILE --out DIR              scores that arrived later -> span Parquet
 
 Training imports torch only when ``train`` runs, so the capture install can use ``convert``.
 """
@@ -115,13 +115,25 @@ def _train(args: argparse.Namespace) -> int:
              "max_steps": args.max_steps, "baseline": args.baseline,
              "per_agent_advantages": args.per_agent_advantages}
     options.update({k: v for k, v in flags.items() if v is not None})  # flags win over the file
-    algorithm = options.pop("algorithm", None) or args.algorithm
-    policy = options.pop("policy", None) or args.policy
-    init = {args.adapter_name: args.init_adapter} if args.init_adapter else None
+    # flags win over the file, which wins over the defaults
+    algorithm = args.algorithm or options.pop("algorithm", None) or "at_grpo"
+    policy = args.policy or options.pop("policy", None) or "shared"
+    options.pop("algorithm", None)
+    options.pop("policy", None)
+    init = {args.adapter_name: args.init_adapter} if args.init_adapter else {}
+    if args.continue_adapters:  # every adapter from its latest version in --adapters-dir
+        from agl_bridge.trainer.adapters import latest_adapter
+
+        root = Path(args.adapters_dir or Path(args.output_dir) / "adapters")
+        for d in sorted(root.iterdir()) if root.is_dir() else []:
+            latest = latest_adapter(root, d.name)
+            if latest is not None:
+                init.setdefault(d.name, str(latest))
     run = train_from_traces(args.traces, args.base_model, algorithm=algorithm, policy=policy,
                             output_dir=args.output_dir, adapter_name=args.adapter_name,
-                            init_adapters=init, resume_from_checkpoint=args.resume or None,
-                            rewards=args.rewards, **options)
+                            init_adapters=init or None,
+                            resume_from_checkpoint=args.resume or None,
+                            adapters_dir=args.adapters_dir, rewards=args.rewards, **options)
     if run.conversion is not None:
         print(run.conversion.summary())
     for name, path in run.adapters.items():
@@ -376,7 +388,8 @@ def baseline_args(parser: argparse.ArgumentParser, default: str | None = "group"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="agl-bridge", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="agl-bridge",
+                                 description="agl-bridge: the pipeline's stages from the shell.")
     sub = ap.add_subparsers(dest="command", required=True)
 
     from agl_bridge.trainer.loop import demo
@@ -431,9 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="convert traces and train LoRA adapters")
     t.add_argument("traces", help="span Parquet (file or directory), OTLP/JSON, or transitions")
     t.add_argument("--base-model", required=True, help="a local Hugging Face model directory")
-    t.add_argument("--algorithm", choices=["at_grpo", "lightning_rl"], default="at_grpo")
+    t.add_argument("--algorithm", choices=["at_grpo", "lightning_rl"],
+                   help="default at_grpo (or the --config file's)")
     t.add_argument("--policy", choices=["shared", "per_agent_lora", "per_agent_model"],
-                   default="shared")
+                   help="default shared (or the --config file's)")
+    t.add_argument("--adapters-dir", help="where versions are numbered (default: "
+                                          "OUTPUT_DIR/adapters); share it between runs")
+    t.add_argument("--continue", dest="continue_adapters", action="store_true",
+                   help="train each adapter on from its latest version in --adapters-dir")
     t.add_argument("--output-dir", default="agl_bridge_run")
     t.add_argument("--adapter-name", default="policy", help="the shared policy's adapter")
     t.add_argument("--init-adapter", help="continue the shared adapter from this version")

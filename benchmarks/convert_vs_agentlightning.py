@@ -485,8 +485,8 @@ def _git() -> dict[str, Any]:
         r = subprocess.run(["git", *a], check=False, capture_output=True, text=True, cwd=REPO)
         return r.stdout.strip()
 
-    conv = REPO / "trainer" / "transitions.py"
-    fast = REPO / "trainer" / "columnar.py"
+    conv = REPO / "trainer" / "conversion" / "engine.py"
+    fast = REPO / "trainer" / "conversion" / "stages.py"
     return {"commit": git("rev-parse", "--short", "HEAD"),
             "transitions_py_modified": bool(git("status", "--porcelain", str(conv), str(fast))),
             "transitions_py_sha256": hashlib.sha256(conv.read_bytes()).hexdigest()[:12],

@@ -1,6 +1,6 @@
 """The shortest way in: an ordinary agent program, captured with no tracing code.
 
-    agl-bridge serve --model ./my-model                        # vLLM on http://127.0.0.1:8000/v1
+    agl-bridge serve --model ./my-model --port 8000            # vLLM on http://127.0.0.1:8000/v1
     AGL_BRIDGE_AUTO=1 AGL_BRIDGE_PARQUET_DIR=traces/ python examples/quickstart.py \
         --base-url http://127.0.0.1:8000/v1 --model base
     agl-bridge convert traces/ transitions.parquet              # one transition per agent per turn

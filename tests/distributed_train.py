@@ -1,12 +1,13 @@
 """Run under torchrun: per-agent LoRA training over the ranks. Each rank writes its final LoRA
 weights, so the test can check every rank ends with the same ones (the all-reduce worked)."""
 
+import json
 import sys
 from pathlib import Path
 
 import pyarrow as pa
-import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
 from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.training import GRPOConfig, train_policy
@@ -25,7 +26,9 @@ result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), mode
                       config=GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=1))
 rank = dist.get_rank()
 lora = {k: v.detach().clone() for k, v in result.model.named_parameters() if "lora_" in k}
-torch.save({"lora": lora, "steps": result.steps, "adapters": sorted(result.adapters),
-            "micro_batches": len(result.metrics)}, out / f"rank{rank}.pt")
+save_file(lora, str(out / f"rank{rank}.safetensors"))  # tensors without pickle
+(out / f"rank{rank}.json").write_text(json.dumps({
+    "steps": result.steps, "adapters": sorted(result.adapters),
+    "micro_batches": len(result.metrics)}))
 dist.barrier()
 dist.destroy_process_group()

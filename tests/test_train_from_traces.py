@@ -62,3 +62,21 @@ def test_cli_with_a_toml_config_and_flags(tiny, spans_dir, tmp_path):
     bad = subprocess.run([str(exe), "train", str(spans_dir), "--base-model", str(tiny),
                           "--config", str(config) + ".missing"], capture_output=True, text=True)
     assert bad.returncode == 2 and "agl-bridge train: error:" in bad.stderr
+
+
+def test_cli_continues_every_agents_adapter_and_flags_win(tiny, spans_dir, tmp_path):
+    from agl_bridge.cli import main
+
+    config = tmp_path / "train.toml"
+    config.write_text('algorithm = "lightning_rl"\npolicy = "shared"\n')
+    adapters = tmp_path / "adapters"
+    common = ["train", str(spans_dir), "--base-model", str(tiny), "--config", str(config),
+              "--policy", "per_agent_lora", "--algorithm", "at_grpo",
+              "--adapters-dir", str(adapters)]
+    assert main([*common, "--output-dir", str(tmp_path / "r1")]) == 0
+    assert main([*common, "--output-dir", str(tmp_path / "r2"), "--continue"]) == 0
+    saved = json.loads((tmp_path / "r2" / "run.json").read_text())
+    assert saved["algorithm"] == "at_grpo" and saved["policy"] == "per_agent_lora"
+    for agent in ("solver", "checker"):
+        meta = json.loads((adapters / agent / "v0002" / "agl_bridge_adapter.json").read_text())
+        assert meta["init_adapter"] == str(adapters / agent / "v0001")

@@ -1,4 +1,5 @@
-"""A tiny random Llama model with a locally built tokenizer, for fast tests and the thin demo.
+"""A tiny random Llama model with a locally built tokenizer, for fast tests and
+``agl-bridge demo --model tiny``.
 
 Nothing is downloaded: the tokenizer is byte-level (every byte is one token, no merges), so it
 needs no training corpus, and the weights are random. vLLM's CPU attention refuses heads smaller

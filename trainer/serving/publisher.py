@@ -279,7 +279,7 @@ class Publisher:
 def publish_adapter(base_url: str, adapter_dir: str | os.PathLike[str], *,
                     name: str | None = None, timeout_s: float = 60.0) -> str:
     """Load one version into one server under ``name`` (default ``<adapter>@vN``) and probe it,
-    without touching any alias (the thin loop and tests use it)."""
+    without touching any alias (tests use it)."""
     directory = Path(adapter_dir).resolve()
     validate_adapter(directory)
     name = name or served_name(directory)
