@@ -69,6 +69,22 @@ def _loop_args(parser: argparse.ArgumentParser) -> None:
                                 help=f"{helps.get(f.name, '')} (default: {default})")
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.loop.replay import replay
+
+    inputs, run = replay(args.spans, args.team, Path(args.out), base_url=args.base_url,
+                         aliases=Path(args.aliases) if args.aliases else None, k=args.k,
+                         temperature=args.temperature, field_name=args.field,
+                         limit=args.max_inputs)
+    for episode in inputs.without_input[:20]:
+        print(f"episode {episode}: no captured request messages"
+              + (f" and no {args.field!r}" if args.field else "") + " (not replayed)",
+              file=sys.stderr)
+    print(f"{len(inputs.tasks)} of {inputs.episodes} stored episode(s) replayed x {args.k}"
+          + (f" -> {run.spans}" if run else ""))
+    return 0 if run else 1
+
+
 def _demo(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.loop import demo
 
@@ -402,6 +418,23 @@ def build_parser() -> argparse.ArgumentParser:
                                     "publish, watch live rewards and roll back. Resumable.")
     _loop_args(lp)
     lp.set_defaults(func=_loop)
+
+    rp_ = sub.add_parser("replay", help="play the inputs of stored episodes again, K times "
+                                        "each, so production traffic forms groups",
+                         description="Run the team command on the first request (captured "
+                                     "messages) or a named field of each stored episode, K "
+                                     "times: the K episodes share a task id, one group.")
+    rp_.add_argument("spans", help="span Parquet of the stored episodes")
+    rp_.add_argument("--team", required=True, help="the team command (its own program, "
+                                                   "configured by environment)")
+    rp_.add_argument("--out", required=True, help="directory for the replayed episodes")
+    rp_.add_argument("--base-url", required=True, help="the serving vLLM (OPENAI_BASE_URL)")
+    rp_.add_argument("--aliases", help="the alias table the agents resolve (live versions)")
+    rp_.add_argument("-k", type=_positive_int, default=4, help="episodes per input (default 4)")
+    rp_.add_argument("--temperature", type=float, default=1.0)
+    rp_.add_argument("--field", help="also give the team this span column or attribute")
+    rp_.add_argument("--max-inputs", type=_positive_int, help="replay at most this many")
+    rp_.set_defaults(func=_replay)
 
     d = sub.add_parser("demo", help="the main job: an AutoGen team of two agents learns from "
                                     "its own traces (closed loop on vLLM)",
