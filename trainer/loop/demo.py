@@ -31,6 +31,8 @@ run the same command again to go on from there (``--fresh`` starts over).
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import random
 import sys
 from pathlib import Path
@@ -126,6 +128,19 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     ap.add_argument("--alpha", type=float, default=1.0, help="AT-GRPO team reward weight")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fresh", action="store_true", help="discard an earlier run in --workdir")
+    prod = ap.add_argument_group(
+        "production", "--production: the team serves a stream of requests that never repeat, "
+        "with no reward; simulated users send feedback later for some; the loop trains on what "
+        "accumulated (live trace directory), gates and publishes while the service runs")
+    prod.add_argument("--production", action="store_true")
+    prod.add_argument("--feedback-share", type=float, default=0.5,
+                      help="requests whose users send feedback (default 0.5)")
+    prod.add_argument("--baseline", default="batch",
+                      help="advantage baseline for the live data (default batch: requests "
+                           "never repeat)")
+    prod.add_argument("--min-episodes", type=int, default=64,
+                      help="rewarded episodes a round waits for")
+    prod.add_argument("--concurrency", type=int, default=8, help="requests served at once")
     return ap
 
 
@@ -151,6 +166,8 @@ def run(args: argparse.Namespace) -> dict:
         model_dir = work / "tiny-model"
         if not (model_dir / "config.json").exists():
             build_tiny_model(model_dir, seed=args.seed)
+    if args.production:
+        return run_production(args, demo, work, Path(model_dir))
     heldout = held_out(task, args.eval_tasks, args.seed)
     write_tasks(work / "eval-tasks.jsonl", heldout)
     write_tasks(work / "gate-tasks.jsonl", heldout[:args.gate_tasks])
@@ -176,6 +193,100 @@ def run(args: argparse.Namespace) -> dict:
     loop.state.save()
     data = loop.run()
     return finish(work, data)
+
+
+def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: Path) -> dict:
+    """The production demo: vLLM, the team as a service, simulated users, and the loop on the
+    service's live traces, until the budget; see ``--help`` (group production)."""
+    import os
+    import shutil
+    import subprocess
+
+    from agl_bridge.trainer.serving.vllm_server import VLLMServer, has_cuda
+
+    task = demo["task"]
+    heldout = held_out(task, args.eval_tasks, args.seed)
+    write_tasks(work / "eval-tasks.jsonl", heldout)
+    write_tasks(work / "gate-tasks.jsonl", heldout[:args.gate_tasks])
+    registry, traces = work / "registry", work / "traces"
+    shutil.rmtree(registry, ignore_errors=True)  # a fresh server: the loop publishes again
+    log(f"starting vLLM on {model_dir.name} (log: {work / 'vllm.log'})")
+    server = VLLMServer(model_dir, served_model_name="base", max_model_len=1024, max_loras=4,
+                        max_lora_rank=16, kv_cache_gib=2, log_path=work / "vllm.log",
+                        extra_args=["--gpu-memory-utilization", "0.35"] if has_cuda() else []
+                        ).start()
+    procs: list[subprocess.Popen] = []
+    try:
+        from agl_bridge.aliases import AliasTable
+
+        table = AliasTable(registry / "aliases.json")
+        if not table.path.exists():
+            table.write({a: "base" for a in ALIASES})
+        env = {**os.environ, "AGL_BRIDGE_AUTO": "1", "AGL_BRIDGE_PARQUET_DIR": str(traces),
+               "AGL_BRIDGE_ALIASES": str(table.path), "OPENAI_BASE_URL": server.base_url,
+               "OPENAI_API_KEY": "unused", "OTEL_SERVICE_NAME": "arith-service",
+               "PYTHONWARNINGS": "ignore"}
+        served = work / "served.jsonl"
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "agl_bridge.trainer.loop.teams.arith_service", "--log",
+             str(served), "--exclude", str(work / "eval-tasks.jsonl"), "--minutes",
+             str(args.minutes + 10), "--concurrency", str(args.concurrency), "--temperature",
+             str(args.temperature), "--max-tokens", str(args.max_tokens), "--reward", task,
+             "--seed", str(args.seed)],
+            env=env, cwd=work, stdout=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "agl_bridge.trainer.loop.teams.users", "--log", str(served),
+             "--out", str(traces), "--share", str(args.feedback_share), "--seed",
+             str(args.seed)], env={**env, "AGL_BRIDGE_AUTO": "0", "OTEL_SERVICE_NAME": "users"},
+            cwd=work, stdout=subprocess.DEVNULL))
+        cfg = LoopConfig(
+            workdir=str(work), model=str(model_dir), server=server.base_url,
+            registry=str(registry), agents=list(ALIASES), traces=str(traces), settle_s=20.0,
+            min_episodes=args.min_episodes, max_wait_s=180.0, baseline=args.baseline,
+            learning_rate=args.learning_rate, batch_size=args.batch_size, epochs=args.epochs,
+            alpha=args.alpha, seed=args.seed, max_tokens=args.max_tokens,
+            team=None, eval_team=f"python -m {TEAM_MODULE} --reward {task}",
+            eval_tasks=str(work / "eval-tasks.jsonl"),
+            gate_tasks=str(work / "gate-tasks.jsonl"), eval_rollouts=args.eval_rollouts,
+            eval_temperature=args.eval_temperature, gate=args.gate, rounds=args.rounds,
+            minutes=args.minutes, watch_episodes=args.min_episodes)
+        loop = Loop(cfg, fresh=args.fresh, hooks={"evaluated": _evaluated_hook})
+        loop.data["demo"] = demo
+        loop.state.save()
+        data = loop.run()
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        server.stop()
+    data["served"] = served_by_version(work / "served.jsonl", data.get("events", []))
+    loop.state.save()
+    return finish(work, data)
+
+
+def served_by_version(log_path: Path, events: list[dict]) -> list[dict]:
+    """The service's success on the requests it answered, between one publish or rollback and
+    the next (the versions live then): what its users saw."""
+    from agl_bridge.trainer.loop.report import wilson
+
+    if not log_path.exists():
+        return []
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    changes = sorted((e["time"], e.get("versions") or e.get("to") or {}) for e in events
+                     if e["event"] in ("published", "rolled back") and "time" in e)
+    edges = [float("-inf")] + [t for t, _ in changes] + [float("inf")]
+    labels = [{"solver": "base", "checker": "base"}] + [v for _, v in changes]
+    out = []
+    for (lo, hi), live in zip(itertools.pairwise(edges), labels):
+        part = [r for r in rows if lo <= r["time"] < hi]
+        if part:
+            out.append({"live": live, "requests": len(part),
+                        "success": wilson(sum(r["correct"] for r in part), len(part))})
+    return out
 
 
 def finish(work: Path, data: dict) -> dict:

@@ -314,6 +314,11 @@ class Loop:
                 record["trained"] = False
                 return None
         conv = run.conversion
+        if conv is not None:
+            from agl_bridge.trainer.rewards.evaluations import JOINED
+
+            record["evaluations_joined"] = conv.notes.get(JOINED, 0)
+            record["conversion"] = conv.summary()
         record.update({"trained": True, "adapters": {k: str(v) for k, v in run.adapters.items()},
                        "steps": run.steps, "metrics": str(run.metrics_path),
                        "transitions": conv.transitions if conv else None,
@@ -412,7 +417,7 @@ class Loop:
         self.data["live"].update(published)
         record["published"] = published
         self.data["events"].append({"round": r, "event": "published", "versions": published,
-                                    "previous": previous})
+                                    "previous": previous, "time": time.time()})
 
     def _watch(self, record: dict[str, Any], transitions: Path) -> None:
         """This round's episodes' rewards by the versions that served them; the version
@@ -452,7 +457,7 @@ class Loop:
             self.data["live"].update(last["previous"])
             self.data["events"].append({"round": record["round"], "event": "rolled back",
                                         "from": last["versions"], "to": last["previous"],
-                                        "reason": decision.reason})
+                                        "reason": decision.reason, "time": time.time()})
             record["rolled_back"] = True
 
 

@@ -141,6 +141,8 @@ def training_curves(work: Path, data: dict) -> list[tuple[str, str]]:
             path = Path(r.get("metrics") or "")
             if r.get("metrics") and path.exists():
                 out.write(path.read_text())
+    if merged.stat().st_size == 0:  # rounds that took no step (no reward variance)
+        return []
     records, problems = load_metrics(merged)
     if not records:
         return []
@@ -244,6 +246,14 @@ def write_report(work: Path, data: dict) -> Path:
                           r.get("transitions"), r.get("steps"), r.get("zero_variance_groups"),
                           _gate(r), ", ".join(r.get("published", {}).values()) or "–",
                           f"{r['seconds']:.0f}"] for r in data["rounds"]])]
+        if data.get("served"):
+            body += ["<h2>What the service's users saw</h2>",
+                     "<p class='note'>Requests answered by the service while each set of "
+                     "versions was live (each request seen once, no reward at serving "
+                     "time).</p>",
+                     _table(["live versions", "requests", "success (95% interval)"],
+                            [[html.escape(", ".join(sorted(set(v["live"].values())))),
+                              v["requests"], _pct(v["success"])] for v in data["served"]])]
         events = [e for e in data.get("events", []) if e["event"] != "published"]
         if events:
             body += ["<h2>Refusals and rollbacks</h2>",

@@ -101,10 +101,11 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                      for name in ("solver", "checker")}
             team_parts = {"correct": parts["checker"]["correct"],
                           "close": parts["checker"]["close"]}
-            agl_bridge.emit_reward(team_parts, scope="team")
-            for name in ("solver", "checker"):
-                with agl_bridge.agent(name):
-                    agl_bridge.emit_reward(parts[name], scope="agent")
+            if not getattr(args, "no_reward", False):  # production serves without a reward
+                agl_bridge.emit_reward(team_parts, scope="team")
+                for name in ("solver", "checker"):
+                    with agl_bridge.agent(name):
+                        agl_bridge.emit_reward(parts[name], scope="agent")
     return {"task_id": task["task_id"], "rollout": rollout, "episode_id": episode_id,
             "a": a, "b": b, "replies": replies, "success": bool(team_parts["correct"]),
             "score": float(bool(team_parts["correct"])),
