@@ -23,7 +23,6 @@ Parquet write-ahead log) and visible to conversion within ``FEEDBACK_FILE_AGE_S`
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import secrets
 import threading
@@ -79,13 +78,10 @@ def _is_trace_id(text: str) -> bool:
 
 
 def _score(value: float | Mapping[str, float]) -> tuple[float, dict[str, float]]:
+    from agl_bridge.scope import finite_number
+
     def finite(v: Any, where: str) -> float:
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"feedback: {where} must be a real number, got {type(v).__name__}")
-        f = float(v)
-        if not math.isfinite(f):
-            raise ValueError(f"feedback: {where} must be finite, got {f!r}")
-        return f
+        return finite_number(v, f"feedback: {where}")
 
     if isinstance(value, Mapping):
         if not value:

@@ -159,7 +159,8 @@ def _check_index(what: str, index: Any) -> None:
         raise ValueError(f"agl_bridge.{what}(index): index must be an int >= 0, got {index!r}")
 
 
-def _finite(value: Any, where: str) -> float:
+def finite_number(value: Any, where: str) -> float:
+    """``value`` as a float, refused (naming ``where``) unless a finite real number."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{where} must be a real number, got {type(value).__name__}")
     value = float(value)
@@ -190,10 +191,10 @@ def emit_reward(
         for part, v in value.items():
             if not isinstance(part, str) or not part:
                 raise ValueError(f"emit_reward: part names must be non-empty strings, got {part!r}")
-            parts[part] = _finite(v, f"emit_reward: part {part!r}")
+            parts[part] = finite_number(v, f"emit_reward: part {part!r}")
         value = math.fsum(parts.values())
     else:
-        value = _finite(value, "emit_reward: value")
+        value = finite_number(value, "emit_reward: value")
     if scope not in sc.RewardScope.ALL:
         raise ValueError(f"emit_reward: scope must be one of {sc.RewardScope.ALL}, got {scope!r}")
     if kind not in sc.RewardKind.ALL:

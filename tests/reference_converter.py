@@ -21,7 +21,7 @@ from agl_bridge import semconv as sc
 from agl_bridge.schema import REQUIRED_SPAN_COLUMNS, SPAN_SCHEMA, TRANSITION_SCHEMA
 from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
-from agl_bridge.trainer.conversion.reward_spans import EpisodeRewards, Reward
+from agl_bridge.trainer.conversion.reward_spans import EpisodeRewards, read_rewards
 from agl_bridge.trainer.rewards.advantages import mean_of
 from agl_bridge.trainer.rewards.credit import AdvantageUnit, Algorithm
 
@@ -122,33 +122,6 @@ def _column(table: pa.Table, name: str) -> list[Any]:
     return table[name].to_pylist() if name in table.column_names else [None] * table.num_rows
 
 
-def _rewards(table: pa.Table, stats: ConversionStats, source: str
-             ) -> dict[str, EpisodeRewards]:
-    out: dict[str, EpisodeRewards] = defaultdict(EpisodeRewards)
-    if table.num_rows == 0:
-        return out
-    episodes = _episode_keys(table)
-    values, scopes = table["reward_value"].to_pylist(), _column(table, "reward_scope")
-    agents, turns = _column(table, "agent_name"), _column(table, "turn_index")
-    span_ids = table["span_id"].to_pylist()
-    seen: set[str] = set()
-    for i, value in enumerate(values):
-        if span_ids[i] in seen:
-            stats.notes[reasons.DUPLICATE_SPAN] += 1
-            continue
-        seen.add(span_ids[i])
-        if not math.isfinite(value):
-            stats.notes[reasons.NON_FINITE_REWARD] += 1
-            if len(stats.rejected_rewards) < 20:
-                stats.rejected_rewards.append(
-                    f"{value} in episode {episodes[i]}, span {span_ids[i]}{source}")
-            continue
-        why = out[episodes[i]].add(Reward(episodes[i], value, scopes[i], agents[i], turns[i]))
-        if why:
-            stats.notes[why + reasons.IGNORED_SUFFIX] += 1
-    return out
-
-
 def _infer_turns(rows: list[dict[str, Any]], stats: ConversionStats) -> None:
     """Fill missing turns: an agent's turn is a run of its calls until another agent speaks."""
     by_episode: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -242,7 +215,9 @@ def reference_spans_to_transitions(spans: pa.Table, config: ConvertConfig | None
     spans = _without_holey_lists(spans.select(needed), stats)  # select: zero-copy
     stats.episodes = len(pc.unique(pc.coalesce(
         spans["episode_id"], pc.binary_join_element_wise("trace:", spans["trace_id"], ""))))
-    rewards = _rewards(spans.filter(pc.is_valid(spans["reward_value"])), stats, source)
+    # reward matching (one loop over the reward rows) is shared with the converter: the oracle
+    # checks what is done per LLM call
+    rewards = read_rewards(spans.filter(pc.is_valid(spans["reward_value"])), stats, source)
 
     llm = spans.filter(pc.equal(spans["operation_name"], sc.OP_CHAT))
     stats.llm_spans = llm.num_rows
