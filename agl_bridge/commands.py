@@ -13,6 +13,11 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from agl_bridge.trainer.rewards.credit import Algorithm
+    from agl_bridge.trainer.training.config import Policy
 
 
 def loop(args: argparse.Namespace) -> int:
@@ -111,7 +116,8 @@ def train(args: argparse.Namespace) -> int:
             latest = latest_adapter(root, d.name)
             if latest is not None:
                 init.setdefault(d.name, str(latest))
-    run = train_from_traces(args.traces, args.base_model, algorithm=algorithm, policy=policy,
+    run = train_from_traces(args.traces, args.base_model, algorithm=cast(Algorithm, algorithm),
+                            policy=cast(Policy, policy),
                             output_dir=args.output_dir, adapter_name=args.adapter_name,
                             init_adapters=init or None,
                             resume_from_checkpoint=args.resume or None,

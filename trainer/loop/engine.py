@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import signal
 import sys
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.gate import gate
@@ -292,17 +293,20 @@ class Loop:
 
     def _train(self, r: int, rdir: Path, sources: list[Path], record: dict[str, Any]
                ) -> dict[str, Any] | None:
+        from agl_bridge.trainer.rewards.credit import Algorithm
+        from agl_bridge.trainer.training.config import Policy
         from agl_bridge.trainer.training.from_traces import train_from_traces
 
         cfg = self.cfg
-        init = {a: str(self._adapter_dir(a, v)) for a, v in self.data["live"].items()
-                if v != BASE}
+        init: dict[str, str | os.PathLike[str]] = {
+            a: str(self._adapter_dir(a, v)) for a, v in self.data["live"].items() if v != BASE}
         log(f"round {r}: training from {len(sources)} source(s) ...")
         with self.state.timed("convert + train"):
             try:
                 run = train_from_traces(
-                    [str(s) for s in sources], cfg.model, algorithm=cfg.algorithm,  # type: ignore[arg-type]
-                    policy=cfg.policy, output_dir=rdir / "train",  # type: ignore[arg-type]
+                    [str(s) for s in sources], cfg.model,
+                    algorithm=cast(Algorithm, cfg.algorithm), policy=cast(Policy, cfg.policy),
+                    output_dir=rdir / "train",
                     adapters_dir=self.work / "adapters", init_adapters=init or None,
                     progress=sys.stderr.isatty(), rewards=cfg.rewards,
                     evaluations_from=cfg.traces,

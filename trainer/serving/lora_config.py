@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from agl_bridge.trainer.serving.errors import PublishError
 
@@ -29,11 +29,11 @@ _UNSUPPORTED: dict[str, tuple[Any, str]] = {
 }
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
 
@@ -132,6 +132,7 @@ def parse_lora_config(raw: Any, where: Path) -> LoraConfig:
         if value != fine and not (fine is None and value in ([], {})):
             raise PublishError(f"{where}: {name} is {value!r}: {what} cannot be served as a "
                                f"LoRA adapter")
-    return LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
+    return LoraConfig(r=r, lora_alpha=float(alpha),
+                      target_modules=targets if isinstance(targets, str) else list(targets),
                       rank_pattern=_pattern(raw, "rank_pattern", where, rank=True),
                       alpha_pattern=_pattern(raw, "alpha_pattern", where, rank=False))

@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_HEADER_BYTES = 100 * 2**20  # the reference implementation's limit
 
@@ -43,7 +43,7 @@ class TensorInfo:
     end: int
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -91,7 +91,7 @@ def _check_layout(tensors: list[TensorInfo], data_bytes: int) -> None:
                               f"{t.begin}-{t.end} of {data_bytes}: truncated)")
     position, previous = 0, None
     for t in sorted(tensors, key=lambda t: (t.begin, t.end)):
-        if t.begin < position:
+        if t.begin < position and previous is not None:  # position > 0: there is one
             raise HeaderError(f"tensors {previous.name!r} and {t.name!r} overlap (bytes "
                               f"{previous.begin}-{previous.end} and {t.begin}-{t.end})")
         if t.begin > position:
