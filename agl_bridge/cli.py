@@ -202,6 +202,7 @@ def _collect(args: argparse.Namespace) -> int:
               + (f" (recovered {writer.recovered_rows} rows)" if writer.recovered_rows else ""))
         if receiver.http_endpoint:
             print(f"  OTLP/HTTP  {receiver.http_endpoint}")
+            print(f"  OTLP/HTTP  {receiver.logs_endpoint}  (evaluation events)")
         if receiver.grpc_endpoint:
             print(f"  OTLP/gRPC  {receiver.grpc_endpoint}")
         if token:
@@ -417,7 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("collect", help="an OTLP receiver (HTTP and gRPC) writing span Parquet",
                        description="Receive OTLP traces over HTTP (protobuf or JSON, POST "
-                                   "/v1/traces) and gRPC, write them as span Parquet. Stops "
+                                   "/v1/traces) and gRPC, write them as span Parquet; OTLP logs "
+                                   "too (POST /v1/logs, gRPC LogsService), of which evaluation "
+                                   "events (gen_ai.evaluation.result) are kept as rows. Stops "
                                    "cleanly on Ctrl-C or SIGTERM.")
     r.add_argument("--out", required=True, help="directory for the span Parquet")
     r.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
