@@ -236,7 +236,7 @@ def _import(args: argparse.Namespace) -> int:
         writer.close()
     print(summary.summary())
     print(f"wrote {writer.files_written} Parquet file(s) under {writer.directory}")
-    return 1 if summary.lines_bad or summary.spans_rejected else 0
+    return 1 if summary.lines_bad or summary.rejected else 0
 
 
 def _feedback(args: argparse.Namespace) -> int:
@@ -434,7 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("import", help="OTLP/JSON files (Collector file exporter) -> span Parquet",
                        description="Import OTLP/JSON, one ExportTraceServiceRequest per line "
-                                   "(.json, .jsonl, gzip too). Bad lines are reported as "
+                                   "(.json, .jsonl, gzip too); ExportLogsServiceRequest lines "
+                                   "(resourceLogs) give their evaluation events "
+                                   "(gen_ai.evaluation.result). Bad lines are reported as "
                                    "file:line and quarantined; exit status 1 if there were any.")
     i.add_argument("sources", nargs="+", metavar="FILE_OR_DIR")
     i.add_argument("--out", required=True, help="directory for the span Parquet")
