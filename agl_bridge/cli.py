@@ -210,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("collect", help="an OTLP receiver (HTTP and gRPC) writing span Parquet",
                        description="Receive OTLP traces over HTTP (protobuf or JSON, POST "
-                                   "/v1/traces) and gRPC, write them as span Parquet. Stops "
+                                   "/v1/traces) and gRPC, write them as span Parquet; OTLP logs "
+                                   "too (POST /v1/logs, gRPC LogsService), of which evaluation "
+                                   "events (gen_ai.evaluation.result) are kept as rows. Stops "
                                    "cleanly on Ctrl-C or SIGTERM.")
     r.add_argument("--out", required=True, help="directory for the span Parquet")
     r.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -224,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("import", help="OTLP/JSON files (Collector file exporter) -> span Parquet",
                        description="Import OTLP/JSON, one ExportTraceServiceRequest per line "
-                                   "(.json, .jsonl, gzip too). Bad lines are reported as "
+                                   "(.json, .jsonl, gzip too); ExportLogsServiceRequest lines "
+                                   "(resourceLogs) give their evaluation events "
+                                   "(gen_ai.evaluation.result). Bad lines are reported as "
                                    "file:line and quarantined; exit status 1 if there were any.")
     i.add_argument("sources", nargs="+", metavar="FILE_OR_DIR")
     i.add_argument("--out", required=True, help="directory for the span Parquet")

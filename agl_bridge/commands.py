@@ -253,6 +253,7 @@ def collect(args: argparse.Namespace) -> int:
               + (f" (recovered {writer.recovered_rows} rows)" if writer.recovered_rows else ""))
         if receiver.http_endpoint:
             print(f"  OTLP/HTTP  {receiver.http_endpoint}")
+            print(f"  OTLP/HTTP  {receiver.logs_endpoint}  (evaluation events)")
         if receiver.grpc_endpoint:
             print(f"  OTLP/gRPC  {receiver.grpc_endpoint}")
         if token:
@@ -286,7 +287,7 @@ def import_files(args: argparse.Namespace) -> int:
         writer.close()
     print(summary.summary())
     print(f"wrote {writer.files_written} Parquet file(s) under {writer.directory}")
-    return 1 if summary.lines_bad or summary.spans_rejected else 0
+    return 1 if summary.lines_bad or summary.rejected else 0
 
 
 def feedback(args: argparse.Namespace) -> int:

@@ -51,6 +51,8 @@ GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"  # required: what was e
 GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"  # double
 GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
 GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"  # content
+# the event name of a log record as SDKs before the LogRecord.event_name field wrote it
+EVENT_NAME: Final = "event.name"
 SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 ERROR_TYPE: Final = "error.type"
@@ -120,6 +122,10 @@ EVALUATION_TARGET: Final = "agl_bridge.evaluation.target"
 TARGET_EPISODE: Final = "episode"
 TARGET_TRACE: Final = "trace"
 TARGET_RESPONSE: Final = "response"
+# A log record (an OpenTelemetry event) kept as a span row: its kind, and its body (content:
+# kept at the messages capture level only)
+EVENT_SPAN_KIND: Final = "EVENT"
+LOG_BODY: Final = "agl_bridge.log.body"
 
 # Coordination (votes, answers, restarts, rounds) for voting/debating orchestrators
 VOTE_VOTER: Final = "agl_bridge.vote.voter"

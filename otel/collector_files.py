@@ -1,14 +1,18 @@
 """``agl-bridge import``: OpenTelemetry Collector file-exporter output into span Parquet.
 
 The Collector's file exporter writes one OTLP/JSON request per line (``.json``/``.jsonl``,
-optionally gzipped). Each line goes through ``otlp.decode_json`` and the same row mapping as the
-receiver; a malformed line is reported with ``file:line`` and quarantined, the rest imported.
+optionally gzipped). Each line goes through the same decoding and row mapping as the receiver:
+a ``resourceSpans`` line as spans (``otlp``), a ``resourceLogs`` line as log records
+(``otlp_logs``: evaluation events become rows, other records are counted and skipped; a file
+exporter in both pipelines writes both kinds of line into one file). A malformed line is
+reported with ``file:line`` and quarantined, the rest imported.
 """
 
 from __future__ import annotations
 
 import errno
 import gzip
+import json
 import os
 import stat
 import zlib
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agl_bridge.otel import otlp
+from agl_bridge.otel import otlp, otlp_logs
 from agl_bridge.otel.parquet_writer import SpanParquetWriter
 
 _SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
@@ -33,12 +37,41 @@ class ImportSummary:
     lines_bad: int = 0  # an unreadable file counts as one bad line (its first)
     spans_written: int = 0
     spans_rejected: int = 0
+    log_records_written: int = 0  # evaluation events
+    log_records_rejected: int = 0
+    log_records_ignored: int = 0  # log records that are not evaluation events
     bad: list[str] = field(default_factory=list)  # "file:line: why", in file order
 
     def summary(self) -> str:
+        logs = (f"; {self.log_records_written} evaluation event(s) imported, "
+                f"{self.log_records_rejected} quarantined, {self.log_records_ignored} other log "
+                f"record(s) skipped") if (self.log_records_written or self.log_records_rejected
+                                          or self.log_records_ignored) else ""
         return (f"imported {self.spans_written} span(s) from {self.lines} line(s) in "
                 f"{self.files} file(s); {self.lines_bad} bad line(s), "
-                f"{self.spans_rejected} span(s) quarantined")
+                f"{self.spans_rejected} span(s) quarantined{logs}")
+
+    @property
+    def rejected(self) -> int:
+        """Spans and log records quarantined."""
+        return self.spans_rejected + self.log_records_rejected
+
+
+def decode_line(line: bytes) -> list[otlp.Conversion]:
+    """One line of a Collector file: the traces and/or logs request it holds (a line holds one
+    request; anything else, metrics for example, gives nothing). MalformedRequest if it is not
+    OTLP/JSON."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise otlp.MalformedRequest(f"not JSON: {exc}") from None
+    if isinstance(obj, dict) and any(obj.get(k) is not None
+                                     for k in ("resourceLogs", "resource_logs")):
+        out: list[otlp.Conversion] = [otlp_logs.json_to_rows(obj)]
+        if any(obj.get(k) is not None for k in ("resourceSpans", "resource_spans")):
+            out.append(otlp.json_to_rows(obj))
+        return out
+    return [otlp.json_to_rows(obj)]
 
 
 def otlp_json_files(sources: Sequence[str | os.PathLike[str]], *,
@@ -125,21 +158,22 @@ def import_otlp_json(sources: Sequence[str | os.PathLike[str]], writer: SpanParq
                     continue
                 summary.lines += 1
                 try:
-                    conversion = otlp.decode_json(line)
+                    conversions = decode_line(line)
                 except otlp.MalformedRequest as exc:
                     bad(f"{path}:{lineno}", str(exc)[:500], line)
                     continue
-                rows.extend(conversion.rows)
-                quarantine.extend(dict(r, source=f"{path}:{lineno}") for r in conversion.rejected)
-                summary.spans_rejected += len(conversion.rejected)
+                for conversion in conversions:
+                    rows.extend(conversion.rows)
+                    quarantine.extend(dict(r, source=f"{path}:{lineno}")
+                                      for r in conversion.rejected)
+                    for name, n in conversion.counts().items():
+                        setattr(summary, name, getattr(summary, name) + n)
                 if len(rows) >= _WRITE_EVERY_ROWS:
                     writer.write_rows(rows)
-                    summary.spans_written += len(rows)
                     rows = []
         except (OSError, EOFError, zlib.error) as exc:  # a gzip stream cut short or corrupt
             bad(f"{path}:{lineno + 1}", f"cannot read further: {exc}", None)
     writer.write_rows(rows)
-    summary.spans_written += len(rows)
     if quarantine:
         writer.quarantine(quarantine)
     return summary

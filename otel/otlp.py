@@ -43,7 +43,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -75,10 +75,15 @@ class Conversion:
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    noun: ClassVar[str] = "span"  # what the request carries, for messages
 
     def extend(self, other: Conversion) -> None:
         self.rows.extend(other.rows)
         self.rejected.extend(other.rejected)
+
+    def counts(self) -> dict[str, int]:
+        """Increments of ``ReceiverStats`` for this request."""
+        return {"spans_written": len(self.rows), "spans_rejected": len(self.rejected)}
 
     @property
     def error_message(self) -> str:
@@ -87,7 +92,7 @@ class Conversion:
             return ""
         reasons = "; ".join(r["error"] for r in self.rejected[:_MAX_ERRORS_IN_MESSAGE])
         more = "; ..." if len(self.rejected) > _MAX_ERRORS_IN_MESSAGE else ""
-        return f"{len(self.rejected)} span(s) rejected and quarantined: {reasons}{more}"
+        return f"{len(self.rejected)} {self.noun}(s) rejected and quarantined: {reasons}{more}"
 
     def response(self) -> ExportTraceServiceResponse:
         """The OTLP answer: empty on full success, ``partial_success`` when spans were rejected."""

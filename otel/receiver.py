@@ -4,6 +4,10 @@
 speaks OTLP/HTTP (``POST /v1/traces``, protobuf or OTLP/JSON, gzip/deflate bodies) and OTLP/gRPC
 (``TraceService/Export``), and writes through the same ``SpanParquetWriter`` and the same row
 mapping (``otlp.py`` -> ``rows.build_row``) as the in-process exporter, so the files are identical.
+
+Logs take the same road (``POST /v1/logs``, ``LogsService/Export``; ``otlp_logs.py`` ->
+``rows.event_row``): evaluation events (``gen_ai.evaluation.result``) become rows, other log
+records are counted and left out. Everything below holds for both signals alike.
 Answers follow the OTLP specification, so standard exporters retry only what is worth retrying:
 
 * no or wrong bearer token (when one is set): HTTP 401 / gRPC UNAUTHENTICATED;
@@ -48,9 +52,10 @@ from urllib.parse import urlsplit
 import grpc
 from google.protobuf import json_format
 from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from agl_bridge.otel import http_body, otlp
+from agl_bridge.otel import http_body, otlp, otlp_logs
 from agl_bridge.otel.http_body import Refused
 from agl_bridge.otel.parquet_writer import SpanParquetWriter
 
@@ -62,7 +67,12 @@ DEFAULT_HTTP_PORT = 4318
 DEFAULT_GRPC_PORT = 4317
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2**20
 TRACES_PATH = "/v1/traces"
+LOGS_PATH = "/v1/logs"
 GRPC_SERVICE = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_name
+GRPC_LOGS_SERVICE = logs_service_pb2.DESCRIPTOR.services_by_name["LogsService"].full_name
+# path -> the module that decodes its payloads (looked up at each request: both modules have
+# decode_protobuf and decode_json)
+_SIGNALS = {TRACES_PATH: otlp, LOGS_PATH: otlp_logs}
 _PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 _JSON_TYPE = "application/json"
 _STOP_WAIT_S = 10.0
@@ -75,6 +85,9 @@ class ReceiverStats:
     requests: int = 0
     spans_written: int = 0
     spans_rejected: int = 0
+    log_records_written: int = 0  # evaluation events, as rows
+    log_records_rejected: int = 0
+    log_records_ignored: int = 0  # log records that are not events agl-bridge keeps
     requests_malformed: int = 0
     requests_unauthorized: int = 0
     requests_too_large: int = 0
@@ -84,11 +97,19 @@ class ReceiverStats:
         return (f"{self.requests} request(s) accepted: {self.spans_written} span(s) written, "
                 f"{self.spans_rejected} quarantined; refused: {self.requests_malformed} malformed, "
                 f"{self.requests_unauthorized} unauthorized, {self.requests_too_large} too large, "
-                f"{self.requests_failed} failed to write")
+                f"{self.requests_failed} failed to write"
+                + (f"; log records: {self.log_records_written} written, "
+                   f"{self.log_records_rejected} quarantined, {self.log_records_ignored} ignored "
+                   f"(not evaluation events)" if self._any_logs else ""))
+
+    @property
+    def _any_logs(self) -> bool:
+        return bool(self.log_records_written or self.log_records_rejected
+                    or self.log_records_ignored)
 
 
 class OTLPReceiver:
-    """OTLP/HTTP and OTLP/gRPC trace receiver writing to ``writer`` (closed by ``stop``).
+    """OTLP/HTTP and OTLP/gRPC trace and log receiver writing to ``writer`` (closed by ``stop``).
 
     A port of ``None`` disables that protocol; 0 binds a free port (``http_port`` and
     ``grpc_port`` hold the bound ones after ``start``).
@@ -145,11 +166,11 @@ class OTLPReceiver:
                      ("grpc.so_reuseport", 0)])
         # Registered by hand, not with add_TraceServiceServicer_to_server: its deserializer would
         # turn a malformed payload into INTERNAL; raw bytes let us answer INVALID_ARGUMENT.
-        handler = grpc.unary_unary_rpc_method_handler(
-            _TraceService(self).Export,
-            response_serializer=trace_service_pb2.ExportTraceServiceResponse.SerializeToString)
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(GRPC_SERVICE, {"Export": handler}),))
+        for service, path in ((GRPC_SERVICE, TRACES_PATH), (GRPC_LOGS_SERVICE, LOGS_PATH)):
+            handler = grpc.unary_unary_rpc_method_handler(
+                _ExportService(self, path).Export, response_serializer=_serialize)
+            server.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(service, {"Export": handler}),))
         address = f"[{self.host}]:{self.grpc_port}" if ":" in self.host else \
             f"{self.host}:{self.grpc_port}"
         try:
@@ -195,6 +216,12 @@ class OTLPReceiver:
         return f"http://{host}:{self.http_port}{TRACES_PATH}"
 
     @property
+    def logs_endpoint(self) -> str | None:
+        """Where OTLP/HTTP log records go (evaluation events)."""
+        traces = self.http_endpoint
+        return traces[:-len(TRACES_PATH)] + LOGS_PATH if traces else None
+
+    @property
     def grpc_endpoint(self) -> str | None:
         if self._grpc is None:
             return None
@@ -233,8 +260,7 @@ class OTLPReceiver:
                 self._in_flight -= 1
                 self._lock.notify_all()
 
-    def _ingest(self, decode: Callable[[bytes], otlp.Conversion], body: bytes
-               ) -> trace_service_pb2.ExportTraceServiceResponse:
+    def _ingest(self, decode: Callable[[bytes], otlp.Conversion], body: bytes) -> Any:
         """Decode, write the rows, quarantine the rejects; raise Refused for the error answers."""
         with self._in_request():
             try:
@@ -247,32 +273,35 @@ class OTLPReceiver:
                 if conversion.rejected:
                     self.writer.quarantine(conversion.rejected)
             except Exception as exc:
-                logger.exception("agl_bridge: writing %d received span(s) failed",
-                                 len(conversion.rows))
+                logger.exception("agl_bridge: writing %d received %s(s) failed",
+                                 len(conversion.rows), conversion.noun)
                 self._count(requests_failed=1)
-                raise Refused(503, f"writing spans failed: {exc}") from None
-            self._count(requests=1, spans_written=len(conversion.rows),
-                       spans_rejected=len(conversion.rejected))
+                raise Refused(503, f"writing {conversion.noun}s failed: {exc}") from None
+            self._count(requests=1, **conversion.counts())
             return conversion.response()
 
 
 # -- OTLP/gRPC ---------------------------------------------------------------------------------
-class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-    """``TraceService/Export``; the request arrives as bytes (see ``_start_grpc``)."""
+def _serialize(response: Any) -> bytes:
+    """An Export*ServiceResponse as the bytes gRPC sends."""
+    return bytes(response.SerializeToString())
 
-    def __init__(self, receiver: OTLPReceiver) -> None:
-        self.receiver = receiver
 
-    def Export(
-            self, request: bytes, context: grpc.ServicerContext
-    ) -> trace_service_pb2.ExportTraceServiceResponse:
+class _ExportService(trace_service_pb2_grpc.TraceServiceServicer):
+    """``TraceService/Export`` or ``LogsService/Export`` (the signal of the HTTP ``path``); the
+    request arrives as bytes (see ``_start_grpc``)."""
+
+    def __init__(self, receiver: OTLPReceiver, path: str) -> None:
+        self.receiver, self.path = receiver, path
+
+    def Export(self, request: bytes, context: grpc.ServicerContext) -> Any:
         rx = self.receiver
         metadata = {m.key: m.value for m in context.invocation_metadata()}
         if not rx._authorized(metadata.get("authorization")):
             rx._count(requests_unauthorized=1)
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
-            return rx._ingest(otlp.decode_protobuf, request)
+            return rx._ingest(_SIGNALS[self.path].decode_protobuf, request)
         except Refused as refused:
             error = refused
         except Exception:
@@ -381,14 +410,15 @@ class _Handler(BaseHTTPRequestHandler):
             payload = response.SerializeToString()
         self._reply(200, payload, is_json)
 
-    def _export(self, rx: OTLPReceiver, is_json: bool
-                ) -> trace_service_pb2.ExportTraceServiceResponse:
+    def _export(self, rx: OTLPReceiver, is_json: bool) -> Any:
         try:
             path = urlsplit(self.path).path
         except ValueError:
             raise Refused(400, "malformed request target") from None
-        if path != TRACES_PATH:
-            raise Refused(404, f"no such path {self.path[:200]!r}; traces go to {TRACES_PATH}")
+        if path not in _SIGNALS:
+            raise Refused(404, f"no such path {self.path[:200]!r}; traces go to {TRACES_PATH}, "
+                               f"logs (evaluation events) to {LOGS_PATH}")
+        signal = _SIGNALS[path]
         if not rx._authorized(self.headers.get("Authorization")):
             rx._count(requests_unauthorized=1)
             raise Refused(401, "missing or wrong bearer token")
@@ -407,7 +437,7 @@ class _Handler(BaseHTTPRequestHandler):
             rx._count_refused(refused)
             raise
         self._body_pending = False
-        return rx._ingest(otlp.decode_json if is_json else otlp.decode_protobuf, body)
+        return rx._ingest(signal.decode_json if is_json else signal.decode_protobuf, body)
 
     def send_error(self, code: int, message: str | None = None,
                    explain: str | None = None) -> None:

@@ -1,11 +1,14 @@
 """Span rows (``agl_bridge.schema.SPAN_SCHEMA``) from any source: SDK spans, OTLP, OTLP/JSON.
 
 ``build_row`` is the one place a span becomes a row, so spans captured in-process, received
-over OTLP and imported from collector files land identically.
+over OTLP and imported from collector files land identically. ``event_row`` is the one place
+an OpenTelemetry log record (an event) becomes a row, whichever way it came.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan
 
+from agl_bridge import semconv as sc
 from agl_bridge.schema import PROMOTED_ATTRIBUTES, SPAN_SCHEMA
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -127,3 +131,104 @@ def span_to_row(span: ReadableSpan) -> dict[str, Any]:
 def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
     columns = {f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in SPAN_SCHEMA}
     return pa.Table.from_pydict(columns, schema=SPAN_SCHEMA)
+
+
+# -- log records (events) ----------------------------------------------------------------------
+# The events kept as rows. Only evaluations: they are what conversion reads (rewards after the
+# fact). Other events are left out on purpose: an application's log stream (Python logging
+# bridged to OpenTelemetry) would flood the training store, and GenAI events such as
+# gen_ai.client.inference.operation.details carry message content that the capture level keeps
+# out of spans.
+KEPT_EVENTS: frozenset[str] = frozenset({sc.GEN_AI_EVALUATION_RESULT})
+
+
+def event_name_of(event_name: str | None, attributes: Mapping[str, Any] | None) -> str | None:
+    """A log record's event name: its ``event_name`` field, or the ``event.name`` attribute
+    SDKs before that field wrote; None for a plain log line."""
+    if event_name:
+        return event_name
+    legacy = (attributes or {}).get(sc.EVENT_NAME)
+    return legacy if isinstance(legacy, str) and legacy else None
+
+
+def event_row(*, event_name: str, trace_id: str | None, span_id: str | None,
+              time_unix_nano: int | None, observed_time_unix_nano: int | None,
+              attributes: Mapping[str, Any] | None, body: Any = None,
+              resource: Mapping[str, Any] | None = None, scope_name: str | None = None,
+              keep_text: bool = False) -> dict[str, Any]:
+    """One log record (an event) as a row of SPAN_SCHEMA; ValueError if no row can hold it.
+
+    ``trace_id``/``span_id``: the record's trace context as hex, None when it has none.
+    Values are already mapped as ``otlp.any_value`` maps them (``log_record_to_row`` does it for
+    SDK records), so one record lands as the same row in-process, over OTLP and from files.
+
+    * name: the event name; kind ``EVENT``; start = end = the record's time (observed time if
+      it has none);
+    * ``parent_span_id``: the record's span id, the span it was emitted in (the evaluated span);
+    * ids: derived from (trace id, span id, time, event name, attributes): the same record sent
+      twice is the same row, which conversion counts once. A record without a trace gets a trace
+      id of its own, derived the same way (never one of an episode's);
+    * the body and ``gen_ai.evaluation.explanation`` are free text: kept only when
+      ``keep_text`` (the ``messages`` capture level), the body as ``agl_bridge.log.body``.
+    """
+    if not isinstance(event_name, str) or not event_name:
+        raise ValueError("log record has no event name")
+    for label, value, width in (("trace id", trace_id, 32), ("span id", span_id, 16)):
+        if value is not None and not (isinstance(value, str) and len(value) == width
+                                      and value.strip("0")):
+            raise ValueError(f"event {event_name!r}: invalid {label} {value!r}")
+    time_ns = time_unix_nano or observed_time_unix_nano or None
+    attrs = dict(attributes or {})
+    if event_name == sc.GEN_AI_EVALUATION_RESULT:
+        name = attrs.get(sc.GEN_AI_EVALUATION_NAME)
+        if not (isinstance(name, str) and name) and sc.EVALUATION_TARGET not in attrs:
+            raise ValueError(f"event {event_name!r} has no {sc.GEN_AI_EVALUATION_NAME} "
+                             f"(required: what was evaluated for)")
+    digest = hashlib.sha256(json.dumps(
+        [trace_id or "", span_id or "", time_ns, event_name, attrs], sort_keys=True,
+        separators=(",", ":"), default=repr).encode()).hexdigest()
+    if not keep_text:
+        attrs.pop(sc.GEN_AI_EVALUATION_EXPLANATION, None)
+    elif body is not None:
+        attrs[sc.LOG_BODY] = body
+    return build_row(
+        trace_id=trace_id or digest[:32], span_id=digest[32:48], parent_span_id=span_id,
+        name=event_name, kind=sc.EVENT_SPAN_KIND, start_time_unix_nano=time_ns,
+        end_time_unix_nano=time_ns, status_code="UNSET", status_message=None,
+        attributes=attrs, resource=resource, scope_name=scope_name)
+
+
+def _sdk_value(value: Any) -> Any:
+    """An SDK attribute or body value as OTLP would carry it (``otlp.any_value``): bytes as
+    base64 text, sequences as lists, mappings as dicts."""
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, (list, tuple)):
+        return [_sdk_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _sdk_value(v) for k, v in value.items()}
+    return value
+
+
+def log_record_to_row(data: Any, *, keep_text: bool = False) -> dict[str, Any] | None:
+    """An SDK log record as a row, or None if it is not an event agl-bridge keeps.
+
+    ``data``: what a ``LogRecordProcessor`` or ``LogExporter`` is given: a ``ReadWriteLogRecord``
+    or ``ReadableLogRecord`` (SDK 1.35+), or a ``LogData`` (older SDKs; its record holds the
+    resource). The record carries the span context current when it was emitted.
+    """
+    record = getattr(data, "log_record", data)
+    attributes = {k: _sdk_value(v) for k, v in (record.attributes or {}).items()}
+    name = event_name_of(getattr(record, "event_name", None), attributes)
+    if name not in KEPT_EVENTS:
+        return None
+    resource = getattr(data, "resource", None) or getattr(record, "resource", None)
+    scope = getattr(data, "instrumentation_scope", None)
+    trace_id, span_id = getattr(record, "trace_id", None), getattr(record, "span_id", None)
+    return event_row(
+        event_name=name, trace_id=_hex(trace_id, 32) if trace_id else None,
+        span_id=_hex(span_id, 16) if span_id else None,
+        time_unix_nano=record.timestamp, observed_time_unix_nano=record.observed_timestamp,
+        attributes=attributes, body=_sdk_value(record.body), keep_text=keep_text,
+        resource=resource.attributes if resource is not None else None,
+        scope_name=scope.name if scope is not None else None)

@@ -55,9 +55,12 @@ def otlp_exporter() -> SpanExporter:
 
 
 def _parquet_exporter(directory=None) -> SpanExporter:
+    from agl_bridge.otel.log_capture import capture_logs
     from agl_bridge.otel.parquet_exporter import ParquetSpanExporter  # pyarrow: when needed
 
-    return ParquetSpanExporter(directory)
+    exporter = ParquetSpanExporter(directory)
+    capture_logs(exporter.writer)  # evaluation events sent as log records go to the same files
+    return exporter
 
 
 _MAKERS: dict[str, Callable[[], SpanExporter]] = {

@@ -35,7 +35,7 @@ _SCAN = ["evaluation_name", "evaluation_target", "events", "reward_value"]
 _RECORD = ["trace_id", "span_id", "parent_span_id", "start_time_unix_nano", "episode_id",
            "agent_name", "turn_index", "reward_kind", "reward_scope", "reward_value",
            "evaluation_name", "evaluation_score", "evaluation_label", "evaluation_target",
-           "events"]
+           "response_id", "events"]
 _PLACE = ["trace_id", "span_id", "episode_id", "agent_name", "turn_index", "response_id"]
 _MARK = ["evaluation_name", "evaluation_target"]
 
@@ -76,7 +76,8 @@ def _records(table: pa.Table) -> list[Evaluation]:
                 ident=row["span_id"], episode=row.get("episode_id"),
                 agent=row.get("agent_name"), turn=row.get("turn_index"),
                 scope=row.get("reward_scope"), kind=row.get("reward_kind"),
-                target=row.get("evaluation_target"), parent=parent, trace=row["trace_id"]))
+                target=row.get("evaluation_target"), parent=parent, trace=row["trace_id"],
+                response=row.get("response_id")))
             continue
         if row.get("reward_value") is not None:
             continue  # our own reward spans carry the event too: the reward itself counts
@@ -155,7 +156,10 @@ def _needs(evaluations: list[Evaluation]) -> tuple[set[str], set[str], set[str],
                 traces.add(ident.lower())
             if kind in (ANY, sc.TARGET_RESPONSE):
                 responses.add(ident)
-        elif e.parent is not None:
+            continue
+        if e.response is not None:
+            responses.add(e.response)
+        if e.parent is not None:
             spans.add(e.parent)
         elif e.trace is not None:
             traces.add(e.trace)

@@ -8,7 +8,8 @@ these ways, tried in this order:
    episode's span): that episode, and the agent and turn it was recorded in;
 2. its target ``episode:E`` / ``trace:T`` / ``response:R`` (``any:X``: X as an episode id,
    else a trace id, else a response id): the episode; a response is one LLM call, so the score
-   goes to that agent's turn;
+   goes to that agent's turn. Without a target, its own ``gen_ai.response.id`` (how the GenAI
+   conventions name the evaluated call when no span id is known) if a call has that id;
 3. the span it is parented to (an OpenTelemetry event emitted inside the evaluated span): that
    span's episode, agent and turn;
 4. its own trace, when that trace holds exactly one episode.
@@ -46,6 +47,7 @@ class Evaluation:
     target: str | None = None  # "kind:id"
     parent: tuple[str, str] | None = None  # (trace id, span id) of the evaluated span
     trace: str | None = None  # the record's own trace id
+    response: str | None = None  # its gen_ai.response.id: the evaluated call
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ def _place(e: Evaluation, lookup: Lookup) -> tuple[Place | None, str | None]:
             return Place(p.episode, e.agent or p.agent, p.turn if not e.agent or
                          e.agent == p.agent else None), None
         return None, UNKNOWN
+    if e.response is not None and e.response in lookup.responses:
+        return lookup.responses[e.response], None
     if e.parent is not None and e.parent in lookup.spans:
         return lookup.spans[e.parent], None
     if e.trace is not None:
@@ -162,7 +166,9 @@ def resolve(evaluations: list[Evaluation], lookup: Lookup, *,
         if place is None:
             out.notes[why or UNKNOWN] += 1
             if why == UNKNOWN and len(out.unknown) < MAX_LISTED:
-                out.unknown.append(f"{e.name}: {e.target or e.parent or e.trace}")
+                named = e.target or (f"{sc.TARGET_RESPONSE}:{e.response}" if e.response
+                                     else None) or e.parent or e.trace
+                out.unknown.append(f"{e.name}: {named}")
             continue
         scope = _scope(e, place)
         key = (place.episode, place.agent if scope != sc.RewardScope.EPISODE else None,
