@@ -46,11 +46,21 @@ async def serve(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     served = 0
+    gap = 1.0 / args.rate if args.rate > 0 else 0.0  # requests arrive at a steady rate
+    next_at = time.monotonic()
     with open(args.log, "a") as log:
         pending: set[asyncio.Task] = set()
         for task in problems(args.seed, exclude):
             if stop.is_set() or time.monotonic() > deadline:
                 break
+            wait = next_at - time.monotonic()
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), wait)
+                    break
+                except asyncio.TimeoutError:
+                    pass
+            next_at = max(next_at + gap, time.monotonic())
             while len(pending) >= args.concurrency:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 served += _write(log, done)
@@ -85,6 +95,8 @@ def main() -> None:
     ap.add_argument("--exclude", help="JSON lines of held-out problems (a, b) never served")
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rate", type=float, default=1.0,
+                    help="requests per second arriving (0: as fast as answered)")
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
