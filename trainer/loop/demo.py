@@ -140,7 +140,10 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
                            "never repeat)")
     prod.add_argument("--min-episodes", type=int, default=64,
                       help="rewarded episodes a round waits for")
-    prod.add_argument("--concurrency", type=int, default=8, help="requests served at once")
+    prod.add_argument("--concurrency", type=int, default=4, help="requests served at once")
+    prod.add_argument("--rate", type=float, default=1.0,
+                      help="requests per second reaching the service (it shares the 2 cores "
+                           "with training: default 1)")
     return ap
 
 
@@ -230,8 +233,9 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "agl_bridge.trainer.loop.teams.arith_service", "--log",
              str(served), "--exclude", str(work / "eval-tasks.jsonl"), "--minutes",
-             str(args.minutes + 10), "--concurrency", str(args.concurrency), "--temperature",
-             str(args.temperature), "--max-tokens", str(args.max_tokens), "--reward", task,
+             str(args.minutes + 10), "--concurrency", str(args.concurrency), "--rate",
+             str(args.rate), "--temperature", str(args.temperature), "--max-tokens",
+             str(args.max_tokens), "--reward", task,
              "--seed", str(args.seed)],
             env=env, cwd=work, stdout=subprocess.DEVNULL))
         procs.append(subprocess.Popen(
