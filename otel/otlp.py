@@ -173,7 +173,7 @@ def request_to_rows(request: ExportTraceServiceRequest) -> Conversion:
     return out
 
 
-def decode_protobuf(body: bytes) -> Conversion:
+def decode_protobuf(body: bytes | bytearray) -> Conversion:
     """An OTLP/protobuf ``ExportTraceServiceRequest`` body; MalformedRequest if it is not one."""
     try:
         request = ExportTraceServiceRequest.FromString(body)
@@ -182,7 +182,7 @@ def decode_protobuf(body: bytes) -> Conversion:
     return request_to_rows(request)
 
 
-def decode_json(body: bytes | str) -> Conversion:
+def decode_json(body: bytes | bytearray | str) -> Conversion:
     """An OTLP/JSON ``ExportTraceServiceRequest``: an HTTP body, or a line of a Collector file."""
     try:
         obj = json.loads(body)

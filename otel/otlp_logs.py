@@ -128,7 +128,7 @@ def request_to_rows(request: ExportLogsServiceRequest) -> LogConversion:
     return out
 
 
-def decode_protobuf(body: bytes) -> LogConversion:
+def decode_protobuf(body: bytes | bytearray) -> LogConversion:
     """An OTLP/protobuf ``ExportLogsServiceRequest`` body; MalformedRequest if it is not one."""
     try:
         request = ExportLogsServiceRequest.FromString(body)
@@ -137,7 +137,7 @@ def decode_protobuf(body: bytes) -> LogConversion:
     return request_to_rows(request)
 
 
-def decode_json(body: bytes | str) -> LogConversion:
+def decode_json(body: bytes | bytearray | str) -> LogConversion:
     """An OTLP/JSON ``ExportLogsServiceRequest``: an HTTP body, or a line of a Collector file."""
     try:
         obj = json.loads(body)

@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, BinaryIO, cast
 from urllib.parse import urlsplit
 
 import grpc
@@ -150,7 +150,7 @@ class OTLPReceiver:
 
     def _start_http(self) -> None:
         try:
-            self._http = _HTTPServer((self.host, self.http_port), self)
+            self._http = _HTTPServer((self.host, self.http_port or 0), self)
         except OSError as exc:
             raise RuntimeError(f"cannot listen for OTLP/HTTP on {self.host}:{self.http_port}: "
                                f"{exc.strerror or exc}") from None
@@ -260,7 +260,8 @@ class OTLPReceiver:
                 self._in_flight -= 1
                 self._lock.notify_all()
 
-    def _ingest(self, decode: Callable[[bytes], otlp.Conversion], body: bytes) -> Any:
+    def _ingest(self, decode: Callable[[bytes | bytearray], otlp.Conversion],
+                body: bytes | bytearray) -> Any:
         """Decode, write the rows, quarantine the rejects; raise Refused for the error answers."""
         with self._in_request():
             try:
@@ -332,7 +333,8 @@ class _HTTPServer(ThreadingHTTPServer):
     def server_bind(self) -> None:
         # HTTPServer.server_bind also resolves the host's FQDN: a DNS lookup we do not need.
         socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that hangs up mid-request is its problem, not a traceback on our stderr
@@ -353,12 +355,13 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "agl-bridge-collect"
     timeout = 30  # a client that stops sending mid-body gives its thread back
     server: _HTTPServer
+    raw_requestline: bytes
     _body_pending = True  # until the body is read or known to be empty: linger when closing
     _expect_100 = False
 
     def parse_request(self) -> bool:
         self._body_pending, self._expect_100 = True, False
-        line = self.raw_requestline
+        line: bytes = self.raw_requestline
         for _ in range(_MAX_BLANK_LINES):
             if line not in (b"\r\n", b"\n"):
                 break
@@ -432,7 +435,8 @@ class _Handler(BaseHTTPRequestHandler):
             if self._expect_100:
                 self.send_response_only(100)
                 self.end_headers()
-            body = http_body.read_body(self.rfile, frame, rx.max_request_bytes)
+            body = http_body.read_body(cast(BinaryIO, self.rfile), frame,
+                                       rx.max_request_bytes)
         except Refused as refused:
             rx._count_refused(refused)
             raise
@@ -481,7 +485,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_WR)
             while budget > 0 and (left := deadline - time.monotonic()) > 0:
                 self.connection.settimeout(left)
-                dropped = self.rfile.read1(min(budget, 2**16))  # type: ignore[attr-defined]
+                dropped = self.rfile.read1(min(budget, 2**16))
                 if not dropped:
                     return
                 budget -= len(dropped)

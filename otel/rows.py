@@ -71,9 +71,9 @@ def build_row(*, trace_id: str, span_id: str, parent_span_id: str | None, name: 
     span that no row can hold (no name, bad ids): callers quarantine it."""
     if not isinstance(name, str):
         raise ValueError(f"span name must be a string, got {type(name).__name__}")
-    for label, value, width in (("trace id", trace_id, 32), ("span id", span_id, 16)):
-        if not (isinstance(value, str) and len(value) == width and value.strip("0")):
-            raise ValueError(f"span {name!r}: invalid {label} {value!r}")
+    for label, ident, width in (("trace id", trace_id, 32), ("span id", span_id, 16)):
+        if not (isinstance(ident, str) and len(ident) == width and ident.strip("0")):
+            raise ValueError(f"span {name!r}: invalid {label} {ident!r}")
     for label, ns in (("start", start_time_unix_nano), ("end", end_time_unix_nano)):
         if ns is not None and not (_is_int(ns) and _INT64_MIN <= ns <= _INT64_MAX):
             raise ValueError(f"span {name!r}: {label} time {ns!r} is not an int64 of nanoseconds")
@@ -89,7 +89,7 @@ def build_row(*, trace_id: str, span_id: str, parent_span_id: str | None, name: 
         "service_name": service if isinstance(service, str) else None, "scope_name": scope_name,
     }
     for key, (col, typ) in PROMOTED_ATTRIBUTES.items():
-        value = None
+        value: Any = None
         if key in attrs:
             fits, converted = _fit(attrs[key], typ)
             if fits:

@@ -133,6 +133,6 @@ def parse_lora_config(raw: Any, where: Path) -> LoraConfig:
             raise PublishError(f"{where}: {name} is {value!r}: {what} cannot be served as a "
                                f"LoRA adapter")
     return LoraConfig(r=r, lora_alpha=float(alpha),
-                      target_modules=targets if isinstance(targets, str) else list(targets),
+                      target_modules=targets if isinstance(targets, str) else list(targets or ()),
                       rank_pattern=_pattern(raw, "rank_pattern", where, rank=True),
                       alpha_pattern=_pattern(raw, "alpha_pattern", where, rank=False))
