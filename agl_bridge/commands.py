@@ -116,8 +116,8 @@ def train(args: argparse.Namespace) -> int:
             latest = latest_adapter(root, d.name)
             if latest is not None:
                 init.setdefault(d.name, str(latest))
-    run = train_from_traces(args.traces, args.base_model, algorithm=cast(Algorithm, algorithm),
-                            policy=cast(Policy, policy),
+    run = train_from_traces(args.traces, args.base_model, algorithm=cast("Algorithm", algorithm),
+                            policy=cast("Policy", policy),
                             output_dir=args.output_dir, adapter_name=args.adapter_name,
                             init_adapters=init or None,
                             resume_from_checkpoint=args.resume or None,

@@ -4,8 +4,9 @@ An application that scores an answer the standard way emits the event
 ``gen_ai.evaluation.result`` as a log record::
 
     from opentelemetry._logs import LogRecord, get_logger
-    get_logger("my.app").emit(LogRecord(event_name="gen_ai.evaluation.result", attributes={
-        "gen_ai.evaluation.name": "helpful", "gen_ai.evaluation.score.value": 1.0}))
+    from agl_bridge import semconv as sc  # or the names themselves, as docs/ spells them
+    get_logger("my.app").emit(LogRecord(event_name=sc.GEN_AI_EVALUATION_RESULT, attributes={
+        sc.GEN_AI_EVALUATION_NAME: "helpful", sc.GEN_AI_EVALUATION_SCORE_VALUE: 1.0}))
 
 Emitted inside the evaluated span (or with its context), the record carries that span's trace
 and span ids, which is how conversion finds what it scores. Where agl-bridge capture writes span
