@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from agl_bridge.otel.rows import rows_to_table
-from agl_bridge.parquet_io import write_table_atomic
+from agl_bridge.parquet_io import remove_stale_temps, write_table_atomic
 from agl_bridge.schema import SPAN_SCHEMA
 
 logger = logging.getLogger(__name__)
@@ -213,12 +213,14 @@ class SpanParquetWriter:
     @staticmethod
     def recover(directory: str | os.PathLike[str], *, row_group_rows: int = 16_384,
                 include_live: bool = False) -> int:
-        """Turn logs left by dead writers into Parquet; returns the rows recovered.
+        """Turn logs left by dead writers into Parquet and delete their temporaries; returns
+        the rows recovered.
 
         A log cut short by a crash yields every batch before the cut. Logs of live processes
         (this one included) are left alone unless ``include_live``: use it only when no writer
         is at work on ``directory``.
         """
+        remove_stale_temps(directory)  # never data; they would fill the disk
         wal = Path(directory) / WAL_DIR
         recovered = 0
         for path in sorted(wal.glob("*.arrows")) if wal.is_dir() else []:
