@@ -222,13 +222,16 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _recover(args: argparse.Namespace) -> int:
-    from agl_bridge.otel.parquet_writer import SpanParquetWriter
+    from agl_bridge.otel.recovery import recover
 
     if not os.path.isdir(args.directory):
         raise FileNotFoundError(f"no such directory: {args.directory}")
-    rows = SpanParquetWriter.recover(args.directory)
-    print(f"recovered {rows} row(s) from write-ahead logs of dead writers in {args.directory}")
-    return 0
+    report = recover(args.directory)
+    print(f"recovered {report.rows} row(s) from write-ahead logs of dead writers in "
+          f"{args.directory}")
+    for path, reason in report.problems:  # kept on disk, never deleted: a person must look
+        print(f"agl-bridge recover: kept {path}: {reason}", file=sys.stderr)
+    return 1 if report.problems else 0
 
 
 def _report(args: argparse.Namespace) -> int:

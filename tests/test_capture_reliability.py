@@ -82,6 +82,64 @@ def run_child(code: str, *args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+# -- item 2: a kill at any step of a rotation, then recover: every row exactly once -----------
+KILLED_AT_STEP = """
+    directory, step = sys.argv[1], sys.argv[2]
+    w = pw.SpanParquetWriter(directory, background_rotation=False)
+    w.write_rows(rows("a", 5))
+    w.flush()                                   # one complete file before the fault
+    if step == "temp-half-written":             # killed inside the Parquet write itself
+        import pyarrow.parquet as pq
+        def half(table, where, **kw):
+            where.write(b"PAR1" + b"x" * 500)
+            where.flush()
+            die()
+        pq.write_table = half
+    else:
+        pw.crash_hook = lambda name: die() if name == step else None
+    w.write_rows(rows("b", 7))
+    w.write_rows(rows("c", 3))
+    w.flush()
+"""
+
+
+def test_the_rotation_steps_are_the_ones_tested():
+    assert pw.ROTATION_STEPS == STEPS
+
+
+@pytest.mark.parametrize("step", ("temp-half-written",) + STEPS)
+def test_a_kill_at_each_rotation_step_then_recover_leaves_every_row_once(tmp_path, step):
+    out = run_child(KILLED_AT_STEP, tmp_path, step)
+    assert out.returncode == -signal.SIGKILL, out.stderr  # it died at that step
+    expected = sorted([f"a{i}" for i in range(5)] + [f"b{i}" for i in range(7)]
+                      + [f"c{i}" for i in range(3)])
+    # before recovery, readers see whole files only: the first, plus the second once renamed
+    before = duckdb_names(tmp_path)
+    assert before == (expected if step in ("renamed", "log-deleted") else expected[:5])
+    SpanParquetWriter.recover(tmp_path)
+    assert names_on_disk(tmp_path) == expected  # exactly once: no duplicate, no loss
+    assert duckdb_names(tmp_path) == expected
+    assert leftovers(tmp_path) == []
+    SpanParquetWriter.recover(tmp_path)  # again: nothing changes
+    assert names_on_disk(tmp_path) == expected
+
+
+def test_a_log_left_after_its_rename_is_not_recovered_twice(tmp_path):
+    """The state a kill between the Parquet rename and the log's deletion leaves, made by hand:
+    the rotated file and its log both on disk."""
+    writer = SpanParquetWriter(tmp_path, background_rotation=False)
+    writer.write_rows(rows("s", 4))
+    (log,) = (tmp_path / "_wal").iterdir()
+    saved = log.read_bytes()
+    writer.flush()
+    assert not log.exists() and names_on_disk(tmp_path) == ["s0", "s1", "s2", "s3"]
+    log.write_bytes(saved)  # as if the process died just before deleting it
+    SpanParquetWriter.recover(tmp_path, include_live=True)
+    assert names_on_disk(tmp_path) == ["s0", "s1", "s2", "s3"]
+    assert not log.exists()
+    writer.close()
+
+
 # -- item 3: DuckDB never reads temporaries; recover removes those of dead writers ------------
 DIES_MID_WRITE = """
     directory, how = sys.argv[1], sys.argv[2]
@@ -113,6 +171,25 @@ def test_duckdb_glob_ignores_a_dead_writers_temporary_and_recover_removes_it(tmp
     assert duckdb_names(tmp_path) == ["a0", "a1", "a2", "b0", "b1"]
 
 
+def test_duckdb_reads_while_a_rotation_is_between_its_temporary_and_its_rename(
+        tmp_path, monkeypatch):
+    writer = SpanParquetWriter(tmp_path, background_rotation=False)
+    writer.write_rows(rows("a", 2))
+    writer.flush()
+    seen = []
+
+    def read_mid_rotation(step):
+        if step == "temp-written":
+            assert any(p.name.startswith(TMP_PREFIX) for p in tmp_path.rglob("*"))
+            seen.append(duckdb_names(tmp_path))
+
+    monkeypatch.setattr(pw, "crash_hook", read_mid_rotation)
+    writer.write_rows(rows("b", 2))
+    writer.flush()
+    assert seen == [["a0", "a1"]]  # the temporary was there and was not read
+    writer.close()
+
+
 def test_a_temporary_of_a_live_writer_is_left_alone(tmp_path):
     """Start-up recovery of a second writer must not delete what a live one is writing."""
     from agl_bridge.parquet_io import remove_stale_temps, temp_path
@@ -125,3 +202,124 @@ def test_a_temporary_of_a_live_writer_is_left_alone(tmp_path):
     assert not mine.name.endswith(".parquet")
     assert remove_stale_temps(tmp_path) == [theirs]
     assert mine.exists() and not theirs.exists()
+
+
+# -- two writers on one directory ---------------------------------------------------------------
+PAUSES_MID_ROTATION = """
+    directory = sys.argv[1]
+    w = pw.SpanParquetWriter(directory, background_rotation=False)
+    w.write_rows(rows("a", 4))
+    def pause(step):
+        if step == "temp-written":
+            print("paused", flush=True)
+            sys.stdin.readline()
+    pw.crash_hook = pause
+    w.flush()
+    w.close()
+"""
+
+
+def test_a_second_writer_starting_on_the_directory_leaves_a_live_writers_files_alone(tmp_path):
+    child = subprocess.Popen(
+        [sys.executable, "-c", child_code(PAUSES_MID_ROTATION), str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "paused\n"  # A: temporary written, log still there
+        in_flight = leftovers(tmp_path)
+        assert len(in_flight) == 2
+        b = SpanParquetWriter(tmp_path, background_rotation=False)  # B: start-up recovery
+        b.write_rows(rows("b", 3))
+        b.close()
+        assert leftovers(tmp_path) == in_flight  # A's log and temporary untouched
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(timeout=60) == 0, child.stderr.read()
+    finally:
+        child.kill()
+        child.wait()
+    assert names_on_disk(tmp_path) == ["a0", "a1", "a2", "a3", "b0", "b1", "b2"]
+    assert leftovers(tmp_path) == []
+
+
+# -- disk full mid-append: the log stays readable past the failed batch -------------------------
+FILLS_THE_DISK = """
+    import resource
+    directory = sys.argv[1]
+    w = pw.SpanParquetWriter(directory, background_rotation=False)
+    w.write_rows(rows("a", 3))
+    (log,) = [p for p in os.scandir(os.path.join(directory, "_wal"))]
+    # the file size limit stands in for a full disk: a write crossing it is cut short, then
+    # fails (EFBIG), exactly as a write hitting ENOSPC
+    resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(log.path) + 100,
+                                               resource.RLIM_INFINITY))
+    try:
+        w.write_rows(rows("b", 500))
+    except OSError as exc:
+        print("failed:", exc.errno, flush=True)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    w.write_rows(rows("c", 2))                   # acknowledged: must survive
+    print("acknowledged", flush=True)
+    die()
+"""
+
+
+def test_a_failed_append_does_not_cost_the_batches_acknowledged_after_it(tmp_path):
+    out = run_child(FILLS_THE_DISK, tmp_path)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert out.stdout.split("\n")[:2] == ["failed: 27", "acknowledged"]
+    SpanParquetWriter.recover(tmp_path)
+    assert names_on_disk(tmp_path) == ["a0", "a1", "a2", "c0", "c1"]  # b was refused, not torn
+    assert leftovers(tmp_path) == []
+
+
+# -- item 4: recover never deletes what it cannot read ------------------------------------------
+def recover_cli(directory: Path) -> subprocess.CompletedProcess:
+    """``agl-bridge recover`` as an unprivileged user would meet it. Root reads any file, so
+    as root the command runs without the capabilities that bypass file permissions."""
+    cmd = [str(Path(sys.executable).with_name("agl-bridge")), "recover", str(directory)]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        assert setpriv, "running as root: setpriv (util-linux) is needed to drop DAC override"
+        cmd = [setpriv, "--bounding-set=-dac_override,-dac_read_search", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def test_an_unreadable_log_is_kept_and_reported_and_the_rest_recovered(tmp_path):
+    wal = tmp_path / "dst" / "_wal"
+    wal.mkdir(parents=True)
+    logs = []
+    for n, prefix in enumerate(("r", "u")):  # two dead writers' logs
+        src = SpanParquetWriter(tmp_path / prefix, background_rotation=False)
+        src.write_rows(rows(prefix, 3))
+        (log,) = (src.directory / "_wal").iterdir()
+        logs.append(wal / f"{dead_pid()}-20260101T000000-00000{n}-aaaaaaaa.arrows")
+        logs[-1].write_bytes(log.read_bytes())
+        src.close()
+    readable, unreadable = logs
+    unreadable.chmod(0)
+
+    out = recover_cli(tmp_path / "dst")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.startswith("recovered 3 row(s)")
+    assert f"kept {unreadable}: cannot read it: Permission denied" in out.stderr
+    assert unreadable.exists() and not readable.exists()  # never deleted
+    assert names_on_disk(tmp_path / "dst") == ["r0", "r1", "r2"]
+    unreadable.chmod(0o600)  # once someone fixes it, it recovers
+    out = recover_cli(tmp_path / "dst")
+    assert out.returncode == 0 and out.stdout.startswith("recovered 3 row(s)"), out.stderr
+    assert names_on_disk(tmp_path / "dst") == ["r0", "r1", "r2", "u0", "u1", "u2"]
+
+
+def test_a_log_that_is_not_a_log_is_kept_and_an_empty_one_removed(tmp_path):
+    from agl_bridge.otel.recovery import recover
+
+    wal = tmp_path / "_wal"
+    wal.mkdir(parents=True)
+    garbage = wal / f"{dead_pid()}-x.arrows"
+    garbage.write_bytes(b"definitely not arrow")
+    empty = wal / f"{dead_pid()}-y.arrows"  # killed between creating the log and its schema
+    empty.touch()
+    report = recover(tmp_path)
+    assert [p for p, _ in report.problems] == [garbage] and garbage.exists()
+    assert "not an Arrow IPC stream" in report.problems[0][1]
+    assert not empty.exists() and report.logs_empty == 1
