@@ -44,6 +44,7 @@ from agl_bridge.otel.rows import rows_to_table
 from agl_bridge.otel.wal import (
     WAL_DIR,
     LogFile,
+    append_durably,
     new_log_name,
     parquet_name,
     read_log,
@@ -93,6 +94,14 @@ class _Log:
         return self.file.path
 
 
+@dataclass
+class _Quarantine:
+    path: Path
+    fd: int
+    opened: float = field(default_factory=time.monotonic)
+    size: int = 0
+
+
 class SpanParquetWriter:
     """Thread-safe. ``write_rows`` is durable on return; ``close`` turns every log into Parquet."""
 
@@ -109,6 +118,7 @@ class SpanParquetWriter:
         self.row_group_rows = row_group_rows
         self._logs: dict[str, _Log] = {}
         self._pending: list[_Log] = []  # closed logs whose rotation has not finished
+        self._quarantine: _Quarantine | None = None
         self._lock = threading.Lock()
         self._seq = 0
         self._closed = False
@@ -214,6 +224,9 @@ class SpanParquetWriter:
             for log in list(self._logs.values()):
                 if now - log.opened >= self.max_file_age_s:
                     self._try_rotate(log)
+            q = self._quarantine
+            if q is not None and now - q.opened >= self.max_file_age_s:
+                self._close_quarantine()
 
     def flush(self) -> None:
         """Turn every log into a Parquet file now. Raises if one cannot be (its log is kept
@@ -237,24 +250,33 @@ class SpanParquetWriter:
         finally:
             with self._lock:
                 self._closed = True
+                self._close_quarantine()
 
     # -- bad input ----------------------------------------------------------------------------
     def quarantine(self, records: Sequence[dict[str, Any]]) -> Path:
-        """Keep what could not become a row (JSON lines, owner-only) and count it."""
+        """Keep what could not become a row and count it: JSON lines appended (and fsynced)
+        to one owner-only file per writer per ``max_file_age_s``, not one file per call."""
+        data = "".join(json.dumps(r, default=repr) + "\n" for r in records).encode()
+        with self._lock:
+            q = self._quarantine or self._open_quarantine()
+            q.size = append_durably(q.fd, q.size, [data])
+            self.rows_quarantined += len(records)
+        logger.warning("agl_bridge: quarantined %d malformed span(s) in %s", len(records), q.path)
+        return q.path
+
+    def _open_quarantine(self) -> _Quarantine:
         qdir = self.directory / QUARANTINE_DIR
         qdir.mkdir(exist_ok=True)
         path = qdir / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-" \
                       f"{uuid.uuid4().hex[:8]}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            for record in records:
-                f.write(json.dumps(record, default=repr) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        with self._lock:
-            self.rows_quarantined += len(records)
-        logger.warning("agl_bridge: quarantined %d malformed span(s) in %s", len(records), path)
-        return path
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        self._quarantine = _Quarantine(path, fd)
+        return self._quarantine
+
+    def _close_quarantine(self) -> None:
+        if self._quarantine is not None:
+            os.close(self._quarantine.fd)
+            self._quarantine = None
 
     # -- recovery -----------------------------------------------------------------------------
     @staticmethod

@@ -323,3 +323,21 @@ def test_a_log_that_is_not_a_log_is_kept_and_an_empty_one_removed(tmp_path):
     assert [p for p, _ in report.problems] == [garbage] and garbage.exists()
     assert "not an Arrow IPC stream" in report.problems[0][1]
     assert not empty.exists() and report.logs_empty == 1
+
+
+# -- quarantine: batched into one file per writer per rotation interval -------------------------
+def test_quarantine_records_share_one_owner_only_file_per_interval(tmp_path):
+    writer = SpanParquetWriter(tmp_path, background_rotation=False)
+    for i in range(200):  # as the receiver does: one call per bad request
+        writer.quarantine([{"error": "bad", "i": i, "k": k} for k in range(1 + (i < 10))])
+    files = list((tmp_path / "_quarantine").glob("*.jsonl"))
+    assert len(files) == 1 and writer.rows_quarantined == 210
+    assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
+    # durable as written, while the writer is still open: nothing waits in a buffer
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    assert len(records) == 210 and records[-1] == {"error": "bad", "i": 199, "k": 0}
+    writer.max_file_age_s = 0  # the interval is over: the next record starts a new file
+    writer.rotate_old()
+    writer.quarantine([{"error": "late"}])
+    assert len(list((tmp_path / "_quarantine").glob("*.jsonl"))) == 2
+    writer.close()
