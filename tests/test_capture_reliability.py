@@ -341,3 +341,56 @@ def test_quarantine_records_share_one_owner_only_file_per_interval(tmp_path):
     writer.quarantine([{"error": "late"}])
     assert len(list((tmp_path / "_quarantine").glob("*.jsonl"))) == 2
     writer.close()
+
+
+# -- item 1: zero-code capture, killed: what ended before the bound is on disk ----------------
+ZERO_CODE_AGENT = """
+import sys, time
+import agl_bridge
+
+i = 0
+while True:  # an episode ends, then the program says so: the parent knows what had finished
+    with agl_bridge.episode(f"ep-{i:06d}"):
+        with agl_bridge.agent("solver"):
+            pass
+    print(i, time.monotonic(), flush=True)
+    i += 1
+    time.sleep(0.025)
+"""
+# The SDK's default would export at 5 s and 10 s after start: kill at 8 s, and demand every
+# episode that ended by 6 s. At 2 spans per 25 ms at most, fewer than 512 spans (its batch size)
+# end in 5 s, so no full batch forces an export in between. The margin is ten times the bound:
+# a process's first export also pays for pyarrow importing pandas (0.4 s of CPU, seconds on a
+# loaded machine), and the test must not depend on the machine being quiet.
+RUN_S = 8.0
+MARGIN_S = 2.0
+
+
+def test_zero_code_capture_killed_keeps_every_span_that_ended_before_the_bound(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
+    env.update(AGL_BRIDGE_AUTO="1", AGL_BRIDGE_PARQUET_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", ZERO_CODE_AGENT], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    ended: dict[int, float] = {}
+    try:
+        for line in proc.stdout:
+            i, t = line.split()
+            ended[int(i)] = float(t)
+            if float(t) - ended[0] >= RUN_S:
+                break
+        killed_at = time.monotonic()
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
+    SpanParquetWriter.recover(tmp_path)
+    on_disk = {(r["episode_id"], r["name"]) for f in iter_parquet_files(tmp_path)
+               for r in pq.read_table(f, columns=["episode_id", "name"]).to_pylist()}
+    finished = [i for i, t in ended.items() if t < killed_at - MARGIN_S]
+    assert len(finished) > 20  # the program ran long enough for this to mean something
+    missing = [i for i in finished
+               if {(f"ep-{i:06d}", "agl_bridge.episode"), (f"ep-{i:06d}", "invoke_agent solver")}
+               - on_disk]
+    assert missing == []
