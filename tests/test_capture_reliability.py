@@ -272,6 +272,26 @@ def test_a_failed_append_does_not_cost_the_batches_acknowledged_after_it(tmp_pat
     assert leftovers(tmp_path) == []
 
 
+def disk_full(table, where, **kw):
+    """Stands in for ``pq.write_table`` on a full disk: half a file, then ENOSPC."""
+    where.write(b"PAR1 half")
+    raise OSError(28, "No space left on device")
+
+
+def test_a_failed_rotation_is_retried_by_the_writer_and_new_batches_go_on(tmp_path, monkeypatch):
+    writer = SpanParquetWriter(tmp_path, background_rotation=False)
+    writer.write_rows(rows("f", 2))
+    monkeypatch.setattr(pq, "write_table", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        writer.flush()
+    writer.write_rows(rows("g", 1))  # accepted meanwhile, into a fresh log
+    monkeypatch.undo()
+    writer.rotate_old()  # what the background thread runs every few seconds
+    assert names_on_disk(tmp_path) == ["f0", "f1"]  # no recovery, no restart needed
+    writer.close()
+    assert names_on_disk(tmp_path) == ["f0", "f1", "g0"] and leftovers(tmp_path) == []
+
+
 # -- item 4: recover never deletes what it cannot read ------------------------------------------
 def recover_cli(directory: Path) -> subprocess.CompletedProcess:
     """``agl-bridge recover`` as an unprivileged user would meet it. Root reads any file, so
@@ -284,30 +304,46 @@ def recover_cli(directory: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 
 
+def dead_writers_log(directory: Path, prefix: str, n: int, seq: int = 1) -> Path:
+    """A log of ``n`` rows in ``directory/_wal`` as a writer that died would leave it."""
+    src = SpanParquetWriter(directory / f"src-{prefix}", background_rotation=False)
+    src.write_rows(rows(prefix, n))
+    (log,) = (src.directory / "_wal").iterdir()
+    dest = directory / "_wal" / f"{dead_pid()}-20260101T000000-{seq:06d}-aaaaaaaa.arrows"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(log.read_bytes())
+    src.close()
+    shutil.rmtree(src.directory)
+    return dest
+
+
 def test_an_unreadable_log_is_kept_and_reported_and_the_rest_recovered(tmp_path):
-    wal = tmp_path / "dst" / "_wal"
-    wal.mkdir(parents=True)
-    logs = []
-    for n, prefix in enumerate(("r", "u")):  # two dead writers' logs
-        src = SpanParquetWriter(tmp_path / prefix, background_rotation=False)
-        src.write_rows(rows(prefix, 3))
-        (log,) = (src.directory / "_wal").iterdir()
-        logs.append(wal / f"{dead_pid()}-20260101T000000-00000{n}-aaaaaaaa.arrows")
-        logs[-1].write_bytes(log.read_bytes())
-        src.close()
-    readable, unreadable = logs
+    readable = dead_writers_log(tmp_path, "r", 3, seq=1)
+    unreadable = dead_writers_log(tmp_path, "u", 3, seq=2)
     unreadable.chmod(0)
 
-    out = recover_cli(tmp_path / "dst")
+    out = recover_cli(tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.startswith("recovered 3 row(s)")
     assert f"kept {unreadable}: cannot read it: Permission denied" in out.stderr
     assert unreadable.exists() and not readable.exists()  # never deleted
-    assert names_on_disk(tmp_path / "dst") == ["r0", "r1", "r2"]
+    assert names_on_disk(tmp_path) == ["r0", "r1", "r2"]
     unreadable.chmod(0o600)  # once someone fixes it, it recovers
-    out = recover_cli(tmp_path / "dst")
+    out = recover_cli(tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("recovered 3 row(s)"), out.stderr
-    assert names_on_disk(tmp_path / "dst") == ["r0", "r1", "r2", "u0", "u1", "u2"]
+    assert names_on_disk(tmp_path) == ["r0", "r1", "r2", "u0", "u1", "u2"]
+
+
+def test_a_recovery_that_cannot_write_keeps_the_log_and_says_why(tmp_path, monkeypatch):
+    from agl_bridge.otel.recovery import recover
+
+    log = dead_writers_log(tmp_path, "s", 3)
+    monkeypatch.setattr(pq, "write_table", disk_full)
+    report = recover(tmp_path)
+    assert report.problems == [(log, "OSError: [Errno 28] No space left on device")]
+    assert log.exists() and leftovers(tmp_path) == ["_wal/" + log.name]  # no temporary either
+    monkeypatch.undo()
+    assert recover(tmp_path).rows == 3 and names_on_disk(tmp_path) == ["s0", "s1", "s2"]
 
 
 def test_a_log_that_is_not_a_log_is_kept_and_an_empty_one_removed(tmp_path):
@@ -341,6 +377,31 @@ def test_quarantine_records_share_one_owner_only_file_per_interval(tmp_path):
     writer.quarantine([{"error": "late"}])
     assert len(list((tmp_path / "_quarantine").glob("*.jsonl"))) == 2
     writer.close()
+
+
+# -- collector outage: the local Parquet does not depend on the collector ----------------------
+def test_a_collector_outage_costs_the_local_parquet_nothing(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
+    env.update(AGL_BRIDGE_AUTO="1", AGL_BRIDGE_PARQUET_DIR=str(tmp_path),
+               OTEL_TRACES_EXPORTER="both", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+               OTEL_EXPORTER_OTLP_TIMEOUT="1")
+    program = ("import agl_bridge\n"
+               "for i in range(20):\n"
+               "    with agl_bridge.episode(f'ep-{i}'), agl_bridge.agent('solver'):\n"
+               "        pass\n"
+               "print('done')\n")
+    out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout == "done\n", out.stderr
+    assert "Failed to export" in out.stderr  # the collector really was unreachable
+    table = pq.read_table(next(iter_parquet_files(tmp_path)))
+    assert sorted(set(table["episode_id"].to_pylist())) == sorted(f"ep-{i}" for i in range(20))
+    assert table.num_rows == 40
 
 
 # -- item 1: zero-code capture, killed: what ended before the bound is on disk ----------------
