@@ -330,13 +330,16 @@ def weights(pairs: list[str] | None, what: str) -> dict[str, float] | None:
 
 
 def recover(args: argparse.Namespace) -> int:
-    from agl_bridge.otel.parquet_writer import SpanParquetWriter
+    from agl_bridge.otel.recovery import recover as recover_logs
 
     if not os.path.isdir(args.directory):
         raise FileNotFoundError(f"no such directory: {args.directory}")
-    rows = SpanParquetWriter.recover(args.directory)
-    print(f"recovered {rows} row(s) from write-ahead logs of dead writers in {args.directory}")
-    return 0
+    report = recover_logs(args.directory)
+    print(f"recovered {report.rows} row(s) from write-ahead logs of dead writers in "
+          f"{args.directory}")
+    for path, reason in report.problems:  # kept on disk, never deleted: a person must look
+        print(f"agl-bridge recover: kept {path}: {reason}", file=sys.stderr)
+    return 1 if report.problems else 0
 
 
 def report(args: argparse.Namespace) -> int:

@@ -1,13 +1,21 @@
 """Parquet file IO shared by every writer and reader: atomic writes, file discovery, checks.
 
 A reader must never see half a file: each file is written to a hidden temporary name in the
-same directory, fsynced, and renamed over its final name (rename is atomic on POSIX). Readers
-skip the hidden temporaries, so a producer killed mid-write leaves only a stray temp file.
+same directory, fsynced, and renamed over its final name (rename is atomic on POSIX), then the
+directory is fsynced so the rename itself survives a power cut.
+
+Temporaries are named ``.tmp-<pid>-<random>-<final name>.tmp``. They never end in
+``.parquet``, so a glob such as DuckDB's ``read_parquet('DIR/**/*.parquet')`` cannot pick up a
+file still being written (or left half-written by a killed writer), and they carry the writer's
+pid, so ``remove_stale_temps`` can delete those of dead writers and leave live ones alone.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -15,7 +23,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+logger = logging.getLogger(__name__)
+
 TMP_PREFIX = ".tmp-"
+TMP_SUFFIX = ".tmp"
+# ``.tmp-<pid>-...``: ours since temporaries carry a pid. Before, they were
+# ``.tmp-<32 hex>-<name>.parquet``: no pid, so only their age can say the writer is gone.
+_TMP_PID = re.compile(r"^\.tmp-(\d+)-")
+LEGACY_TMP_MAX_AGE_S = 3600.0
 
 
 class SchemaError(ValueError):
@@ -49,15 +64,21 @@ def writer_options(schema: pa.Schema) -> dict:
             "column_encoding": encoding or None, "write_statistics": statistics}
 
 
-def write_table_atomic(table: pa.Table, path: str | os.PathLike[str], *, mode: int = 0o600,
-                       row_group_size: int | None = None) -> Path:
-    """Write ``table`` to ``path`` so that ``path`` is either absent or complete.
+def temp_path(path: str | os.PathLike[str]) -> Path:
+    """Where ``path`` is written before its rename: same directory (rename must not cross
+    file systems), hidden, this process's pid in the name, and no ``.parquet`` ending."""
+    path = Path(path)
+    return path.with_name(f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}-{path.name}"
+                          f"{TMP_SUFFIX}")
 
-    Files are created readable by their owner only: traces can hold prompts and user data.
-    """
+
+def write_temp(table: pa.Table, path: str | os.PathLike[str], *, mode: int = 0o600,
+               row_group_size: int | None = None) -> Path:
+    """First half of an atomic write: ``table`` as a complete, fsynced temporary beside
+    ``path``; returns the temporary. Nothing is left behind if this raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
+    tmp = temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -65,11 +86,89 @@ def write_table_atomic(table: pa.Table, path: str | os.PathLike[str], *, mode: i
                            **writer_options(table.schema))
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def publish(tmp: Path, path: str | os.PathLike[str]) -> Path:
+    """Second half: rename the temporary over ``path`` and fsync the directory, so that once
+    this returns the file survives a power cut too (callers delete their source after it)."""
+    path = Path(path)
+    try:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
     return path
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_table_atomic(table: pa.Table, path: str | os.PathLike[str], *, mode: int = 0o600,
+                       row_group_size: int | None = None) -> Path:
+    """Write ``table`` to ``path`` so that ``path`` is either absent or complete.
+
+    Files are created readable by their owner only: traces can hold prompts and user data.
+    """
+    return publish(write_temp(table, path, mode=mode, row_group_size=row_group_size), path)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (on this host's pid namespace). Ours counts as alive."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def is_temp(path: Path) -> bool:
+    return path.name.startswith(TMP_PREFIX)
+
+
+def remove_stale_temps(root: str | os.PathLike[str], *, now: float | None = None) -> list[Path]:
+    """Delete temporaries under ``root`` whose writer is gone; return them.
+
+    A temporary carrying a pid is stale when that process no longer exists. One without a pid
+    (written before temporaries carried one) is stale once unmodified for
+    ``LEGACY_TMP_MAX_AGE_S``: a writer renames its temporary seconds after its last byte.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    now = time.time() if now is None else now
+    removed = []
+    for tmp in root.rglob(f"{TMP_PREFIX}*"):
+        m = _TMP_PID.match(tmp.name)
+        try:
+            if m:
+                if int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
+                    continue
+            elif now - tmp.stat().st_mtime < LEGACY_TMP_MAX_AGE_S:
+                continue
+            if not tmp.is_file():
+                continue
+            tmp.unlink()
+        except FileNotFoundError:  # its writer renamed it, or another recovery got there
+            continue
+        removed.append(tmp)
+    if removed:
+        logger.info("agl_bridge: removed %d temporary file(s) left by dead writers under %s",
+                    len(removed), root)
+    return removed
 
 
 def iter_parquet_files(source: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
@@ -82,7 +181,8 @@ def iter_parquet_files(source: str | os.PathLike[str] | Iterable[str | os.PathLi
     for src in sources:
         p = Path(src)
         if p.is_dir():
-            files = sorted(q for q in p.rglob("*.parquet") if not q.name.startswith(TMP_PREFIX))
+            # temporaries no longer end in .parquet; the check still hides older ones
+            files = sorted(q for q in p.rglob("*.parquet") if not is_temp(q))
             yield from files
         elif p.is_file():
             yield p

@@ -10,7 +10,9 @@ own cost and what each variant adds to it:
 * ``SDK floor``: the bare call wrapped by hand in one SDK span with 8 ``gen_ai.*`` attributes,
   the least any tracing instrumentor can cost;
 * ``ours``: ``agl_bridge``'s ``OpenAIInstrumentor().instrument(token_ids="always")`` exporting
-  to a discarding exporter, then to our ``ParquetSpanExporter`` in a temp dir, and with
+  to a discarding exporter, then to our ``ParquetSpanExporter`` in a temp dir (behind the
+  processor capture builds, which exports at least every 200 ms; and, as ``ours_parquet_5s``,
+  behind the SDK's default 5 s delay that capture used before: what durability costs), and with
   ``token_ids="never"`` (the same span without asking the server for ids and logprobs, whose
   response is then several times smaller: the difference is what recording ids costs);
 * ``peer``: ``opentelemetry-instrumentation-openai-v2`` 2.4b0 (the OpenTelemetry project's own
@@ -85,6 +87,7 @@ VARIANTS = {
     "sdk_floor": ("dev", "SDK floor: 1 span + 8 gen_ai attrs"),
     "ours": ("dev", "ours, token_ids=always, discard exporter"),
     "ours_parquet": ("dev", "ours, token_ids=always, ParquetSpanExporter"),
+    "ours_parquet_5s": ("dev", "same, SDK default 5 s batch delay (before)"),
     "ours_never": ("dev", "ours, token_ids=never, discard exporter"),
     "peer_bare": ("peer", "bare (A/A control, peer venv)"),
     "peer": ("peer", f"peer: otel-instrumentation-openai-v2 {PEER_VERSION}"),
@@ -208,18 +211,24 @@ class _Variant:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
         self.provider = TracerProvider(resource=Resource.create({"service.name": "bench"}))
-        if variant == "ours_parquet":
+        if variant in ("ours_parquet", "ours_parquet_5s"):
             from agl_bridge.otel.parquet_exporter import ParquetSpanExporter
+            from agl_bridge.otel.setup import _processor
 
             self.exporter = ParquetSpanExporter(tmp)
             self._count_exports(self.exporter)
+            # ours_parquet: the processor capture builds (exports at least every 200 ms, the
+            # durability bound); ours_parquet_5s: the SDK default it used before
+            processor = (_processor(self.exporter, batch=True) if variant == "ours_parquet"
+                         else BatchSpanProcessor(self.exporter))
         else:
             self.exporter = _Discard()
-        self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
+            processor = BatchSpanProcessor(self.exporter)
+        self.provider.add_span_processor(processor)
         trace.set_tracer_provider(self.provider)
         if variant == "sdk_floor":
             self.tracer = self.provider.get_tracer("bench.sdk_floor")
-        elif variant in ("ours", "ours_parquet", "ours_never"):
+        elif variant in ("ours", "ours_parquet", "ours_parquet_5s", "ours_never"):
             from agl_bridge.integrations.openai import OpenAIInstrumentor
 
             self._inst = OpenAIInstrumentor()
@@ -580,6 +589,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, help="calls per block (default 120)")
     ap.add_argument("--stream-calls", type=int, help="stream calls per block (default 60)")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer (says so in the table)")
+    ap.add_argument("--variants", help=f"comma-separated subset of the dev venv's variants "
+                    f"({','.join(v for v in VARIANTS if VARIANTS[v][0] == 'dev')})")
     ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS,
                     metavar=("VARIANT", "MODES", "CALLS", "STREAM_CALLS", "PAIRS", "WARMUP"))
     args = ap.parse_args()
@@ -598,7 +609,8 @@ def main() -> None:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    variants = [v for v in VARIANTS if VARIANTS[v][0] == "dev"]
+    variants = [v for v in VARIANTS if VARIANTS[v][0] == "dev"
+                and (not args.variants or v in args.variants.split(","))]
     pythons = {"dev": Path(sys.executable)}
     peer_note = ""
     if args.no_peer:

@@ -29,6 +29,18 @@ final flush and file write are included), the time spent inside ``export()`` alo
 spans/s), bytes on disk per span after shutdown, and peak RSS (``resource.getrusage``) with its
 increase over the RSS measured after imports and set-up.
 
+What durability costs. ``ours`` runs behind the processor capture uses (a batch processor
+exporting at least every ``ParquetSpanExporter.MAX_EXPORT_DELAY_MS`` = 200 ms, so a kill loses
+about the last 200 ms of finished spans); ``ours_5s`` behind the SDK's default 5 s delay, which
+zero-code capture used before. Fast producers fill 512-span batches long before either delay,
+so the difference shows at the rates agents actually produce spans: two more pacings,
+``paced20`` and ``paced200`` (20 and 200 spans/s for ``PACED_SECONDS``), report CPU per span of
+the whole process (all threads: the export worker included), of the exporting thread inside
+``export()`` and of the caller's thread inside ``span.end()`` (``time.thread_time``: what the
+application's own thread pays), with the number of ``export()`` calls. A paced run first
+makes pyarrow's one-time import of pandas, untimed. All exporters run in shuffled order, each
+in fresh processes, so old and new alternate in the same run.
+
 Run: ``.venv/bin/python benchmarks/parquet_export.py [--quick] [--json PATH] [-n N]``.
 """
 
@@ -53,7 +65,8 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 EXPORTERS = {
     "discard": "floor: discard exporter (span creation + BatchSpanProcessor)",
-    "ours": "ours: ParquetSpanExporter",
+    "ours": "ours: ParquetSpanExporter (200 ms batch delay, as capture sets it)",
+    "ours_5s": "ours, behind the SDK's default 5 s batch delay (zero-code capture before)",
     "peer": "peer: SDK ConsoleSpanExporter -> JSON file",
 }
 PROMPT_IDS, COMPLETION_IDS = 200, 50
@@ -61,7 +74,11 @@ BOUNDED_QUEUE = 2048  # the SDK's default max_queue_size
 PACINGS = {
     "free": "free-running producer, queue sized to N (throughput)",
     "bounded": f"producer flushes every {BOUNDED_QUEUE} spans, queue {BOUNDED_QUEUE} (memory)",
+    "paced20": "20 spans/s, queue 2048 (CPU per span at an agent team's rate)",
+    "paced200": "200 spans/s, queue 2048 (CPU per span at a busy team's rate)",
 }
+PACED_RATE = {"paced20": 20, "paced200": 200}
+PACED_SECONDS = 12  # --quick: 4
 
 
 def _rss_mib() -> float:
@@ -80,15 +97,18 @@ def worker(kind: str, n: int, pacing: str) -> dict:
     from opentelemetry.trace import SpanKind
 
     tmp = Path(tempfile.mkdtemp(prefix="agl-bench-export-"))
-    spent = [0.0, 0]  # seconds inside export(), spans exported
+    # seconds inside export(), spans exported, export() calls, ns of CPU of the exporting thread
+    spent = [0.0, 0, 0, 0]
 
     def counted(cls):
         class Counted(cls):
             def export(self, spans):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time_ns()
                 result = super().export(spans)
                 spent[0] += time.perf_counter() - t0
                 spent[1] += len(spans)
+                spent[2] += 1
+                spent[3] += time.thread_time_ns() - c0
                 return result
         return Counted
 
@@ -99,7 +119,7 @@ def worker(kind: str, n: int, pacing: str) -> dict:
     out_file = None
     if kind == "discard":
         exporter = counted(Discard)()
-    elif kind == "ours":
+    elif kind in ("ours", "ours_5s"):
         from agl_bridge.otel.parquet_exporter import ParquetSpanExporter
 
         exporter = counted(ParquetSpanExporter)(tmp / "traces")
@@ -110,8 +130,12 @@ def worker(kind: str, n: int, pacing: str) -> dict:
         raise SystemExit(f"unknown exporter {kind}")
     provider = TracerProvider(resource=Resource.create({"service.name": "bench-team"}))
     bounded = pacing == "bounded"
+    rate = PACED_RATE.get(pacing)
+    # "ours" gets the delay capture gives it (setup._processor); the others the SDK default
+    delay = getattr(exporter, "MAX_EXPORT_DELAY_MS", None) if kind == "ours" else None
     provider.add_span_processor(BatchSpanProcessor(
-        exporter, max_queue_size=BOUNDED_QUEUE if bounded else max(BOUNDED_QUEUE, n)))
+        exporter, max_queue_size=max(BOUNDED_QUEUE, n) if pacing == "free" else BOUNDED_QUEUE,
+        schedule_delay_millis=delay))
     tracer = provider.get_tracer("bench.parquet_export")
 
     # Token ids drawn uniformly from a 150k vocabulary and logprobs uniform in (-5, 0], read as
@@ -126,8 +150,20 @@ def worker(kind: str, n: int, pacing: str) -> dict:
     episodes = [f"ep-{i:06d}" for i in range(max(1, n // 8))]
     rss_setup = _rss_mib()
 
-    t0 = time.perf_counter()
+    if rate:
+        # steady state: pyarrow's first conversion of Python objects imports pandas (about
+        # 0.4 s of CPU, once per process); paid here, untimed, so it does not swamp the
+        # per-span figures of a 12 s paced run (free and bounded runs still include it)
+        import pyarrow as pa
+
+        pa.array([0])
+    end_cpu = 0  # ns of the caller's thread inside span.end()
+    t0, cpu0 = time.perf_counter(), time.process_time_ns()
     for i in range(n):
+        if rate:  # paced: span i ends at t0 + i / rate
+            lag = t0 + i / rate - time.perf_counter()
+            if lag > 0:
+                time.sleep(lag)
         o = offsets[i]
         attrs = {
             "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
@@ -147,16 +183,18 @@ def worker(kind: str, n: int, pacing: str) -> dict:
             "agl_bridge.llm.completion_logprobs": lp_pool[o:o + COMPLETION_IDS].tolist(),
         }
         span = tracer.start_span("chat team@v3", kind=SpanKind.CLIENT, attributes=attrs)
+        c = time.thread_time_ns()
         span.end()
+        end_cpu += time.thread_time_ns() - c
         if bounded and (i + 1) % BOUNDED_QUEUE == 0:
             provider.force_flush()  # the queue never holds more than BOUNDED_QUEUE spans
     t_produced = time.perf_counter()
     provider.shutdown()  # drains the queue; ours writes its Parquet file here
     if out_file is not None:
         out_file.close()
-    t_done = time.perf_counter()
+    t_done, cpu_done = time.perf_counter(), time.process_time_ns()
 
-    if kind == "ours":
+    if kind in ("ours", "ours_5s"):
         files = [p for p in (tmp / "traces").rglob("*") if p.is_file()]
         wal_left = [p for p in files if "_wal" in p.parts]
         data = [p for p in files if p.suffix == ".parquet"]
@@ -183,6 +221,9 @@ def worker(kind: str, n: int, pacing: str) -> dict:
             "spans_per_s": n / total,
             "export_only_spans_per_s": spent[1] / spent[0] if spent[0] else None,
             "bytes_per_span": size / n, "rss_after_setup_mib": rss_setup,
+            "cpu_per_span_us": (cpu_done - cpu0) / n / 1e3,
+            "end_cpu_per_span_us": end_cpu / n / 1e3, "exports": spent[2],
+            "export_cpu_per_span_us": spent[3] / n / 1e3,
             "peak_rss_mib": _rss_mib(), "check": check}
 
 
@@ -212,7 +253,8 @@ def summarize(results: list[dict]) -> dict:
                           "errors": sorted({r["error"] for r in mine if "error" in r})}
             for key in ("spans_per_s", "export_only_spans_per_s", "bytes_per_span",
                         "peak_rss_mib", "rss_after_setup_mib", "seconds_producing",
-                        "seconds_draining"):
+                        "seconds_draining", "cpu_per_span_us", "end_cpu_per_span_us",
+                        "export_cpu_per_span_us", "exports"):
                 xs = [r[key] for r in ok if r.get(key) is not None]
                 if xs:
                     cell[key] = {"median": statistics.median(xs), "min": min(xs),
@@ -227,6 +269,10 @@ def summarize(results: list[dict]) -> dict:
             cell["check"] = ok[0]["check"] if ok else ""
             out[pacing][kind] = cell
     return out
+
+
+def _ran(cells: dict) -> bool:
+    return any(c["processes"] or c["errors"] for c in cells.values())
 
 
 def print_table(summary: dict, meta: dict) -> None:
@@ -246,12 +292,17 @@ def print_table(summary: dict, meta: dict) -> None:
         return (f"{s['median']:{sign}{fmt}} [{s['min']:{sign}{fmt}}..{s['max']:{sign}{fmt}}]")
 
     short = {"discard": "floor: discard exporter", "ours": "ours: ParquetSpanExporter",
+             "ours_5s": "ours, SDK default 5 s delay (before)",
              "peer": "peer: SDK ConsoleSpanExporter, file"}
     for pacing, what in PACINGS.items():
+        if pacing in PACED_RATE or not _ran(summary[pacing]):
+            continue
         print(f"\n{pacing}: {what}")
         print(f"{'':{w}}" + "".join(f"{c:>24}" for c in cols))
         for kind in EXPORTERS:
             c = summary[pacing][kind]
+            if not c["processes"] and not c["errors"]:
+                continue  # not run (--exporters / --pacings)
             if not c["processes"]:
                 print(f"{short[kind]:{w}}failed: {c['errors'][0] if c['errors'] else '?'}")
                 continue
@@ -261,6 +312,25 @@ def print_table(summary: dict, meta: dict) -> None:
                   f"{cell(c, 'bytes_per_span', '.0f') if kind != 'discard' else '-':>24}"
                   f"{cell(c, 'peak_rss_mib', '.0f'):>24}"
                   f"{cell(c, 'rss_over_setup_mib', '.0f', '+'):>24}")
+    paced_cols = ("CPU us/span, all threads", "in export(), us/span", "caller's end(), us/span",
+                  "export() calls")
+    for pacing, what in PACINGS.items():
+        if pacing not in PACED_RATE or not _ran(summary[pacing]):
+            continue
+        print(f"\n{pacing}: {what}, {meta['paced_seconds']} s")
+        print(f"{'':{w}}" + "".join(f"{c:>28}" for c in paced_cols))
+        for kind in EXPORTERS:
+            c = summary[pacing][kind]
+            if not c["processes"] and not c["errors"]:
+                continue  # not run (--exporters / --pacings)
+            if not c["processes"]:
+                print(f"{short[kind]:{w}}failed: {c['errors'][0] if c['errors'] else '?'}")
+                continue
+            print(f"{short[kind]:{w}}"
+                  f"{cell(c, 'cpu_per_span_us', '.0f'):>28}"
+                  f"{cell(c, 'export_cpu_per_span_us', '.0f'):>28}"
+                  f"{cell(c, 'end_cpu_per_span_us', '.1f'):>28}"
+                  f"{cell(c, 'exports', '.0f'):>28}")
     print()
     for pacing in PACINGS:
         for kind in EXPORTERS:
@@ -281,6 +351,8 @@ def main() -> None:
                     "ours rotates one file at 64 MiB of Arrow data, about 38k spans)")
     ap.add_argument("--processes", type=int,
                     help="fresh processes per exporter and pacing (default 3)")
+    ap.add_argument("--exporters", help=f"comma-separated subset of {','.join(EXPORTERS)}")
+    ap.add_argument("--pacings", help=f"comma-separated subset of {','.join(PACINGS)}")
     ap.add_argument("--worker", nargs=3, metavar=("EXPORTER", "N", "PACING"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -290,16 +362,20 @@ def main() -> None:
         return
     n = args.n or (5_000 if args.quick else 40_000)
     processes = args.processes or (1 if args.quick else 3)
+    paced_seconds = 4 if args.quick else PACED_SECONDS
+    kinds = args.exporters.split(",") if args.exporters else list(EXPORTERS)
+    pacings = args.pacings.split(",") if args.pacings else list(PACINGS)
     t0 = time.monotonic()
-    meta = {"spans": n, "processes": processes,
+    meta = {"spans": n, "processes": processes, "paced_seconds": paced_seconds,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
                        f"{platform.python_version()}, load avg at start {os.getloadavg()[0]:.1f}"}
     results = []
     for rnd in range(processes):
-        order = [(kind, pacing) for kind in EXPORTERS for pacing in PACINGS]
+        order = [(kind, pacing) for kind in kinds for pacing in pacings]
         random.shuffle(order)
         for kind, pacing in order:
-            results.append(run_worker(kind, n, pacing))
+            count = PACED_RATE[pacing] * paced_seconds if pacing in PACED_RATE else n
+            results.append(run_worker(kind, count, pacing))
         print(f"round {rnd + 1}/{processes} done ({time.monotonic() - t0:.0f} s)",
               file=sys.stderr, flush=True)
     meta["seconds"] = round(time.monotonic() - t0)

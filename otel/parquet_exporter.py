@@ -35,6 +35,12 @@ def spans_to_table(spans: Sequence[ReadableSpan]):
 class ParquetSpanExporter(SpanExporter):
     """Write exported spans as Parquet under ``directory`` (see ``SpanParquetWriter``)."""
 
+    #: A span is durable once exported, not once ended: a batch processor in front of this
+    #: exporter should export at least this often (``setup._processor`` makes it so). Then a
+    #: ``kill -9`` loses the spans that ended in about the last 200 ms, plus those queued
+    #: behind a batch still being written (docs/reliability.md).
+    MAX_EXPORT_DELAY_MS = 200
+
     def __init__(self, directory: str | os.PathLike[str] | None = None, **writer_options: Any
                  ) -> None:
         directory = directory or os.environ.get(PARQUET_DIR_ENV) or DEFAULT_PARQUET_DIR

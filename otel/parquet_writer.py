@@ -3,17 +3,25 @@
 Two promises pull against each other: files should be large (a few per minute, row groups
 sized for scans), yet a ``kill -9`` of the producer must lose at most the batch being written,
 and no reader may ever see a partial file. A Parquet file is unreadable until its footer is
-written, so batches cannot be appended to one durably. Hence a write-ahead log:
+written, so batches cannot be appended to one durably. Hence a write-ahead log (``wal.py``):
 
 * each batch is appended to a per-partition Arrow IPC stream under ``_wal/`` and fsynced before
-  ``write_rows`` returns (an IPC stream cut short is still readable up to its last whole batch);
-* when a partition's log reaches ``max_file_rows`` / ``max_file_bytes`` / ``max_file_age_s``, its
-  batches become one Parquet file (temp name, fsync, rename) and the log is deleted;
-* logs left by a dead process are turned into Parquet by ``recover`` (run by every new writer
-  on the same directory, and by ``agl-bridge recover``).
+  ``write_rows`` returns (an append that fails is cut back, so the log stays readable);
+* when a partition's log reaches ``max_file_rows`` / ``max_file_bytes`` / ``max_file_age_s``, it
+  is rotated: closed, its batches written to a temporary, fsynced, renamed to the Parquet name
+  fixed by the log's own name, the directory fsynced, and only then the log deleted;
+* logs left by a dead process are finished by ``recovery.recover`` (run by every new writer on
+  the same directory, and by ``agl-bridge recover``): a kill at any step of a rotation leaves
+  every row in exactly one Parquet file after recovery, because the name tells recovery whether
+  the rename already happened.
 
-Layout: ``<dir>/date=YYYY-MM-DD/service=<name>/part-<utc>-<pid>-<seq>.parquet`` (hive-style, so
-pyarrow, pandas and DuckDB read the partitions with no help from us), UTC date of the span start.
+A rotation that fails (disk full) keeps its closed log and is retried by the background thread
+and at ``flush``/``close``; whatever is still pending when the process dies is recovered.
+
+Layout: ``<dir>/date=YYYY-MM-DD/service=<name>/part-<utc>-<pid>-<seq>-<rand>.parquet``
+(hive-style, so pyarrow, pandas and DuckDB read the partitions with no help from us), UTC date
+of the span start. Temporaries end in ``.tmp`` (``parquet_io``), so ``**/*.parquet`` globs never
+see them.
 """
 
 from __future__ import annotations
@@ -26,23 +34,38 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
+from agl_bridge.otel import recovery as _recovery
 from agl_bridge.otel.rows import rows_to_table
-from agl_bridge.parquet_io import write_table_atomic
+from agl_bridge.otel.wal import (
+    WAL_DIR,
+    LogFile,
+    append_durably,
+    new_log_name,
+    parquet_name,
+    read_log,
+)
+from agl_bridge.parquet_io import publish, write_temp
 from agl_bridge.schema import SPAN_SCHEMA
 
 logger = logging.getLogger(__name__)
 
-WAL_DIR = "_wal"
 QUARANTINE_DIR = "_quarantine"
-_PARTITION_KEY = b"agl_bridge.partition"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+#: The steps of a rotation, in order. After each one ``crash_hook`` (if set) is called with
+#: its name: a fault-injection point, so tests can kill a writer at every step.
+ROTATION_STEPS = ("log-closed", "temp-written", "renamed", "log-deleted")
+crash_hook: Callable[[str], None] | None = None
+
+
+def _step(name: str) -> None:
+    if crash_hook is not None:
+        crash_hook(name)
 
 
 def _partition(row: dict[str, Any]) -> str:
@@ -52,28 +75,31 @@ def _partition(row: dict[str, Any]) -> str:
     return f"date={day}/service={service}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+@dataclass(eq=False)
+class _Log:
+    """One partition's write-ahead log. Its batches live on disk only: rotation reads the
+    log back (memory-mapped), so memory does not grow with the file size."""
+
+    file: LogFile
+    opened: float = field(default_factory=time.monotonic)
+    rows: int = 0
+    failures: int = 0  # failed rotations (the first is logged with its traceback)
+
+    @property
+    def partition(self) -> str:
+        return self.file.partition
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
 
 
 @dataclass
-class _Log:
-    """One partition's open write-ahead log. Its batches live on disk only: rotation reads the
-    log back (memory-mapped), so memory does not grow with the file size."""
-
-    partition: str
+class _Quarantine:
     path: Path
-    file: Any
-    writer: pa.ipc.RecordBatchStreamWriter
+    fd: int
     opened: float = field(default_factory=time.monotonic)
-    rows: int = 0
-    bytes: int = 0
+    size: int = 0
 
 
 class SpanParquetWriter:
@@ -91,14 +117,19 @@ class SpanParquetWriter:
         self.max_file_age_s = max_file_age_s
         self.row_group_rows = row_group_rows
         self._logs: dict[str, _Log] = {}
+        self._pending: list[_Log] = []  # closed logs whose rotation has not finished
+        self._quarantine: _Quarantine | None = None
         self._lock = threading.Lock()
         self._seq = 0
         self._closed = False
         self.files_written = 0
         self.rows_written = 0
         self.rows_quarantined = 0
+        self.recovery: _recovery.Recovery | None = None  # what start-up recovery did
+        self.recovered_rows = 0
         if recover:
-            self.recovered_rows = self.recover(self.directory, row_group_rows=row_group_rows)
+            self.recovery = _recovery.recover(self.directory, row_group_rows=row_group_rows)
+            self.recovered_rows = self.recovery.rows
         self._stop = threading.Event()
         self._timer: threading.Thread | None = None
         if background_rotation and max_file_age_s > 0:
@@ -119,47 +150,64 @@ class SpanParquetWriter:
             for partition, part_rows in by_partition.items():
                 log = self._logs.get(partition) or self._open(partition)
                 table = rows_to_table(part_rows)
-                log.writer.write_table(table)
-                log.file.flush()
-                os.fsync(log.file.fileno())
+                try:
+                    log.file.append(table)
+                except BaseException:
+                    # cut back to its last whole batch; append to a fresh log from now on
+                    self._seal(log)
+                    raise
                 log.rows += table.num_rows
-                log.bytes += table.nbytes
-                if log.rows >= self.max_file_rows or log.bytes >= self.max_file_bytes:
-                    try:
-                        self._rotate(log)
-                    except Exception:  # the batch is durable in the log; recover() finishes
-                        logger.exception("agl_bridge: rotating %s failed", log.path)
+                if log.rows >= self.max_file_rows or log.file.size >= self.max_file_bytes:
+                    self._try_rotate(log)
 
     def _open(self, partition: str) -> _Log:
         self._seq += 1
-        path = self.directory / WAL_DIR / f"{os.getpid()}-{uuid.uuid4().hex[:12]}.arrows"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        f = os.fdopen(fd, "wb")
-        schema = SPAN_SCHEMA.with_metadata(
-            {**(SPAN_SCHEMA.metadata or {}), _PARTITION_KEY: partition.encode()})
-        log = _Log(partition, path, f, pa.ipc.new_stream(f, schema))
+        path = self.directory / WAL_DIR / new_log_name(self._seq)
+        log = _Log(LogFile(path, partition, SPAN_SCHEMA))
         self._logs[partition] = log
         return log
 
-    def _rotate(self, log: _Log) -> None:
-        """Log -> Parquet file. Caller holds the lock. On failure the closed log stays on disk
-        for ``recover`` and the partition starts a fresh one."""
-        del self._logs[log.partition]
-        log.writer.close()
+    def _seal(self, log: _Log) -> None:
+        """Stop appending to ``log``; it waits in ``_pending`` for rotation. Caller holds the
+        lock."""
+        if self._logs.get(log.partition) is log:
+            del self._logs[log.partition]
         log.file.close()
-        with pa.memory_map(str(log.path)) as source:
-            table = pa.ipc.open_stream(source).read_all()
-            self._write_parquet(table, log.partition)
-        log.path.unlink(missing_ok=True)
+        if log not in self._pending:
+            self._pending.append(log)
 
-    def _write_parquet(self, table: pa.Table, partition: str) -> None:
-        self._seq += 1
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        name = f"part-{stamp}-{os.getpid()}-{self._seq:06d}-{uuid.uuid4().hex[:6]}.parquet"
-        write_table_atomic(table.replace_schema_metadata(SPAN_SCHEMA.metadata),
-                           self.directory / partition / name, row_group_size=self.row_group_rows)
-        self.files_written += 1
-        self.rows_written += table.num_rows
+    def _rotate(self, log: _Log) -> None:
+        """Log -> Parquet file, one step at a time (``ROTATION_STEPS``). Caller holds the lock.
+        Every step can be repeated: on failure the closed log stays pending (retried, and
+        recovered after a crash), and a retry skips the write when the file already exists."""
+        self._seal(log)
+        _step("log-closed")
+        target = self.directory / log.partition / parquet_name(log.path)
+        if not target.exists():
+            if log.path.exists():
+                contents = read_log(log.path, memory_map=True)
+                if contents.table is not None:
+                    table = contents.table.replace_schema_metadata(SPAN_SCHEMA.metadata)
+                    tmp = write_temp(table, target, row_group_size=self.row_group_rows)
+                    _step("temp-written")
+                    publish(tmp, target)  # rename, then fsync the directory
+                    _step("renamed")
+                    self.files_written += 1
+                    self.rows_written += table.num_rows
+            # else: ``recover(include_live=True)`` finished it already
+        log.path.unlink(missing_ok=True)
+        self._pending.remove(log)
+        _step("log-deleted")
+
+    def _try_rotate(self, log: _Log) -> None:
+        try:
+            self._rotate(log)
+        except Exception as exc:  # the batches are durable in the log: retried, or recovered
+            log.failures += 1
+            if log.failures == 1:
+                logger.exception("agl_bridge: rotating %s failed; will retry", log.path)
+            else:
+                logger.debug("agl_bridge: rotating %s failed again: %s", log.path, exc)
 
     def _rotate_loop(self) -> None:
         period = max(0.05, min(self.max_file_age_s / 2, 5.0))
@@ -167,80 +215,75 @@ class SpanParquetWriter:
             self.rotate_old()
 
     def rotate_old(self) -> None:
-        """Rotate logs older than ``max_file_age_s`` (called by the background thread)."""
+        """Rotate logs older than ``max_file_age_s`` and retry failed rotations (called by the
+        background thread)."""
         now = time.monotonic()
         with self._lock:
+            for log in list(self._pending):
+                self._try_rotate(log)
             for log in list(self._logs.values()):
                 if now - log.opened >= self.max_file_age_s:
-                    try:
-                        self._rotate(log)
-                    except Exception:  # keep the log on disk: recover() will finish the job
-                        logger.exception("agl_bridge: rotating %s failed", log.path)
+                    self._try_rotate(log)
+            q = self._quarantine
+            if q is not None and now - q.opened >= self.max_file_age_s:
+                self._close_quarantine()
 
     def flush(self) -> None:
-        """Turn every open log into a Parquet file now."""
+        """Turn every log into a Parquet file now. Raises if one cannot be (its log is kept
+        and retried)."""
         with self._lock:
-            for log in list(self._logs.values()):
-                self._rotate(log)
+            errors = []
+            for log in [*self._pending, *self._logs.values()]:
+                try:
+                    self._rotate(log)
+                except Exception as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
 
     def close(self) -> None:
         self._stop.set()
         if self._timer is not None:
             self._timer.join(timeout=10)
-        self.flush()
-        with self._lock:
-            self._closed = True
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._close_quarantine()
 
     # -- bad input ----------------------------------------------------------------------------
     def quarantine(self, records: Sequence[dict[str, Any]]) -> Path:
-        """Keep what could not become a row (JSON lines, owner-only) and count it."""
+        """Keep what could not become a row and count it: JSON lines appended (and fsynced)
+        to one owner-only file per writer per ``max_file_age_s``, not one file per call."""
+        data = "".join(json.dumps(r, default=repr) + "\n" for r in records).encode()
+        with self._lock:
+            q = self._quarantine or self._open_quarantine()
+            q.size = append_durably(q.fd, q.size, [data])
+            self.rows_quarantined += len(records)
+        logger.warning("agl_bridge: quarantined %d malformed span(s) in %s", len(records), q.path)
+        return q.path
+
+    def _open_quarantine(self) -> _Quarantine:
         qdir = self.directory / QUARANTINE_DIR
         qdir.mkdir(exist_ok=True)
         path = qdir / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-" \
                       f"{uuid.uuid4().hex[:8]}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            for record in records:
-                f.write(json.dumps(record, default=repr) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        with self._lock:
-            self.rows_quarantined += len(records)
-        logger.warning("agl_bridge: quarantined %d malformed span(s) in %s", len(records), path)
-        return path
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        self._quarantine = _Quarantine(path, fd)
+        return self._quarantine
+
+    def _close_quarantine(self) -> None:
+        if self._quarantine is not None:
+            os.close(self._quarantine.fd)
+            self._quarantine = None
 
     # -- recovery -----------------------------------------------------------------------------
     @staticmethod
     def recover(directory: str | os.PathLike[str], *, row_group_rows: int = 16_384,
                 include_live: bool = False) -> int:
-        """Turn logs left by dead writers into Parquet; returns the rows recovered.
-
-        A log cut short by a crash yields every batch before the cut. Logs of live processes
-        (this one included) are left alone unless ``include_live``: use it only when no writer
-        is at work on ``directory``.
-        """
-        wal = Path(directory) / WAL_DIR
-        recovered = 0
-        for path in sorted(wal.glob("*.arrows")) if wal.is_dir() else []:
-            pid = int(path.name.split("-", 1)[0]) if path.name.split("-", 1)[0].isdigit() else -1
-            if not include_live and (pid == os.getpid() or _pid_alive(pid)):
-                continue
-            batches, partition = [], None
-            try:
-                with pa.ipc.open_stream(path) as reader:
-                    partition = (reader.schema.metadata or {}).get(_PARTITION_KEY, b"").decode()
-                    while True:
-                        try:
-                            batches.append(reader.read_next_batch())
-                        except StopIteration:
-                            break
-            except (pa.ArrowInvalid, OSError) as exc:  # cut short mid-batch: keep what came before
-                logger.info("agl_bridge: %s ends in a partial batch (%s)", path, exc)
-            if batches and partition:
-                table = pa.Table.from_batches(batches).replace_schema_metadata(SPAN_SCHEMA.metadata)
-                name = f"part-recovered-{path.stem}.parquet"
-                write_table_atomic(table, Path(directory) / partition / name,
-                                   row_group_size=row_group_rows)
-                recovered += table.num_rows
-            path.unlink(missing_ok=True)
-        return recovered
+        """Finish what dead writers left in ``directory`` (``recovery.recover``); returns the
+        rows recovered. Logs that could not be recovered are kept and logged as errors; use
+        ``recovery.recover`` for the full report."""
+        return _recovery.recover(directory, row_group_rows=row_group_rows,
+                                 include_live=include_live).rows

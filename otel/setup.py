@@ -35,6 +35,7 @@ from agl_bridge.otel.processors import ScopeSpanProcessor
 logger = logging.getLogger(__name__)
 
 EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
+SCHEDULE_DELAY_ENV = "OTEL_BSP_SCHEDULE_DELAY"
 DEFAULT_EXPORTERS = "parquet"
 
 
@@ -96,7 +97,19 @@ def _add_scope_processor(provider: TracerProvider) -> None:
 
 
 def _processor(exporter: SpanExporter, batch: bool) -> SpanProcessor:
-    return BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+    """Simple (export on end) or batch. A batch processor waits ``OTEL_BSP_SCHEDULE_DELAY``
+    (5 s by default) between exports, fine for a network exporter; but a finished span is only
+    safe from a kill once an exporter with a write-ahead log has written it, so an exporter
+    that declares ``MAX_EXPORT_DELAY_MS`` (ours: 200) gets that delay instead, unless the user
+    set the variable. The span's end still only appends it to the processor's queue: the cost
+    of the shorter delay is more, smaller exports on the worker thread (benchmarks/README.md).
+    """
+    if not batch:
+        return SimpleSpanProcessor(exporter)
+    delay = getattr(exporter, "MAX_EXPORT_DELAY_MS", None)
+    if delay is not None and not os.environ.get(SCHEDULE_DELAY_ENV, "").strip():
+        return BatchSpanProcessor(exporter, schedule_delay_millis=delay)
+    return BatchSpanProcessor(exporter)
 
 
 def _new_provider(service_name: str | None) -> TracerProvider:

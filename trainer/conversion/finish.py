@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agl_bridge.parquet_io import writer_options
+from agl_bridge.parquet_io import temp_path, writer_options
 from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.conversion.arrow import codes, np_array, to_numpy
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
@@ -61,7 +61,7 @@ def finish_file(path: Path, cfg: ConvertConfig, stats: ConversionStats) -> None:
     adv = _advantages(small, cfg, stats)
     if adv is None:
         return
-    tmp = path.with_name(f".tmp-{os.getpid()}-final-{path.name}")
+    tmp = temp_path(path)  # never matches *.parquet: readers skip it
     i = TRANSITION_SCHEMA.get_field_index("advantage")
     try:
         pf = pq.ParquetFile(path)

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from agl_bridge.parquet_io import writer_options
+from agl_bridge.parquet_io import temp_path, writer_options
 from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.conversion.arrow import arr
 from agl_bridge.trainer.conversion.columns import episode_keys
@@ -83,7 +83,7 @@ def _convert_buckets(spill: Path, buckets: list[int], out_path: Path, convert: C
                      stats: ConversionStats, progress: Callable[[int, int], None] | None
                      ) -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".tmp-{os.getpid()}-{out_path.name}")
+    tmp = temp_path(out_path)  # never matches *.parquet: readers skip it
     writer = pq.ParquetWriter(tmp, TRANSITION_SCHEMA, **writer_options(TRANSITION_SCHEMA))
     try:
         for n, b in enumerate(buckets, 1):

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from agl_bridge.parquet_io import SchemaError, writer_options
+from agl_bridge.parquet_io import SchemaError, temp_path, writer_options
 from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.arrow import arr, codes, lit, np_array, to_numpy
@@ -291,7 +291,7 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
     stats = ConversionStats()
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".tmp-{os.getpid()}-{out_path.name}")
+    tmp = temp_path(out_path)  # never matches *.parquet: readers skip it
     pending: list[pa.Table] = []
     pending_rows = 0
     done_batches = 0
