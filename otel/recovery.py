@@ -91,7 +91,7 @@ def _recover_log(path: Path, directory: Path, row_group_rows: int, report: Recov
         if not path.exists():  # another recovery finished it meanwhile
             return
         raise
-    if contents.table is None:
+    if contents.table is None or contents.partition is None:
         path.unlink(missing_ok=True)
         report.logs_empty += 1
         return

@@ -46,13 +46,17 @@ def otlp_exporter() -> SpanExporter:
     protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip().lower()
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:
-        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: expected 'grpc' or "
-                         f"'http/protobuf'")
-    return OTLPSpanExporter()
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+        return GrpcExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+        return HttpExporter()
+    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: expected 'grpc' or "
+                     f"'http/protobuf'")
 
 
 def _parquet_exporter(directory=None) -> SpanExporter:
@@ -93,7 +97,7 @@ def _add_scope_processor(provider: TracerProvider) -> None:
     """Once per provider: the scope goes onto spans other libraries start, too."""
     if not getattr(provider, "_agl_bridge_scope_processor", False):
         provider.add_span_processor(ScopeSpanProcessor())
-        provider._agl_bridge_scope_processor = True
+        setattr(provider, "_agl_bridge_scope_processor", True)  # noqa: B010 (foreign object)
 
 
 def _processor(exporter: SpanExporter, batch: bool) -> SpanProcessor:
@@ -206,7 +210,7 @@ class DeferredTracing:
 
     def stop(self) -> None:
         """Undo the patch (tests); processors already joined stay."""
-        trace.set_tracer_provider = self._original_set  # type: ignore[assignment]
+        trace.set_tracer_provider = self._original_set
         _lazy.set_pending(None)
 
 
