@@ -21,7 +21,7 @@ from agl_bridge.trainer.conversion.arrow import arr
 from agl_bridge.trainer.conversion.columns import episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
-from agl_bridge.trainer.rewards.recipes import RecipeReward
+from agl_bridge.trainer.rewards.recipes import Derived
 
 # the span columns reward matching reads
 REWARD_COLUMNS = ["trace_id", "span_id", "episode_id", "agent_name", "turn_index",
@@ -125,11 +125,13 @@ def add_evaluations(rewards: dict[str, EpisodeRewards], episodes: list[str],
                 stats.notes[why + reasons.IGNORED_SUFFIX] += 1
 
 
-def add_recipe(rewards: dict[str, EpisodeRewards], derived: list[RecipeReward],
+def add_recipe(rewards: dict[str, EpisodeRewards], derived: Derived,
                stats: ConversionStats) -> None:
     """Rewards a recipe derived from the unit's spans, added to their episodes' rewards and
-    counted per term and agent for the summary."""
-    for r in derived:
+    counted per term and agent for the summary; what its terms left out, counted in the
+    notes."""
+    stats.notes.update(derived.notes)
+    for r in derived.rewards:
         why = rewards[r.episode].add(Reward(r.episode, r.value, r.scope, r.agent, r.turn))
         if why:
             stats.notes[why + reasons.IGNORED_SUFFIX] += 1

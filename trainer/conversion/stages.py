@@ -150,7 +150,7 @@ def convert_rows(spans: pa.Table, cfg: ConvertConfig, source: str = "",
         add_evaluations(rewards, present.to_pylist(), evaluations, stats)
     if cfg.recipe is not None and cfg.recipe.terms:
         add_recipe(rewards, cfg.recipe.apply(spans.filter(rows).append_column(
-            EPISODE_KEY, arr(episodes.filter(rows)))), stats)
+            EPISODE_KEY, arr(episodes.filter(rows))), evaluations), stats)
     table = convert_table(spans, cfg, stats, rewards, episodes=episodes, select=select)
     return table, stats
 
