@@ -1,10 +1,24 @@
 """Reward recipes: rewards derived at conversion from what the spans hold, declared in TOML."""
 
+import json
+from itertools import count
+
+import pyarrow.compute as pc
 import pytest
 
 from agl_bridge import semconv as sc
 from agl_bridge.trainer.conversion import ConvertConfig, spans_to_transitions
-from agl_bridge.trainer.rewards.recipes import RecipeError, load_recipe, recipe_from_dict
+from agl_bridge.trainer.rewards.evaluations import EvaluationReward
+from agl_bridge.trainer.rewards.recipes import (
+    EPISODE_KEY,
+    RecipeError,
+    load_recipe,
+    recipe_from_dict,
+)
+from agl_bridge.trainer.rewards.terms import Coordination, Votes
+from agl_bridge.trainer.rewards.terms import votes as votes_term
+from agl_bridge.trainer.rewards.terms.coordination import NO_QUALITY
+from agl_bridge.trainer.rewards.terms.ratings import source
 from tests.factories import llm, reward, table
 
 
@@ -39,7 +53,8 @@ def test_the_recipe_can_be_the_only_reward():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"terms": {"nope": {}}}, r"\[terms.nope\]: unknown term; known: \['tool_failure'\]"),
+    ({"terms": {"nope": {}}}, r"\[terms.nope\]: unknown term; known: \['coordination', "
+     r"'tool_failure', 'votes'\]"),
     ({"terms": {"tool_failure": {"penalty": "high"}}}, r"tool_failure\]\.penalty: expected a"),
     ({"terms": {"tool_failure": {"typo": 1}}}, r"unknown key\(s\) \['typo'\]"),
     ({"terms": {"tool_failure": 3}}, r"must be a table"),
@@ -73,3 +88,208 @@ def test_the_recipes_evaluation_weights_apply_unless_given():
     given, _ = spans_to_transitions(table(rows), ConvertConfig(
         recipe=recipe, evaluation_weights={"tone": 1.0}))
     assert given["reward"].to_pylist() == [0.25]  # given explicitly: the recipe's give way
+
+
+# -- the terms, one by one, on hand-built unit tables ------------------------------------------
+_IDS = count(1)
+
+
+def span(episode, t, name, attrs=None, *, end=None, **columns):
+    return {"trace_id": "T", "span_id": f"x{next(_IDS):06d}", "name": name,
+            "episode_id": episode, "start_time_unix_nano": t,
+            "end_time_unix_nano": t if end is None else end,
+            "attributes": json.dumps(attrs) if attrs is not None else None, **columns}
+
+
+def chat(episode, t, agent, turn=None, *, end=None, usage=None, rnd=None, parent=None):
+    row = llm(episode, t, agent=agent, turn=turn, round=rnd)
+    row.update(end_time_unix_nano=end, parent_span_id=parent, attributes=json.dumps(
+        {sc.GEN_AI_USAGE_INPUT_TOKENS: usage[0], sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage[1]})
+        if usage else None)
+    return row
+
+
+def vote(episode, t, voter, target, **columns):
+    return span(episode, t, sc.SPAN_VOTE, {sc.VOTE_VOTER: voter, sc.VOTE_TARGET: target},
+                **columns)
+
+
+def answer(episode, t, agent):
+    return span(episode, t, sc.SPAN_NEW_ANSWER, {sc.COORDINATION_AGENT: agent})
+
+
+def restart(episode, t, agent):
+    return span(episode, t, sc.SPAN_RESTART, {sc.COORDINATION_AGENT: agent})
+
+
+def final(episode, t, agent, counts=None, **columns):
+    attrs = {sc.COORDINATION_AGENT: agent}
+    if counts is not None:
+        attrs[sc.VOTE_COUNTS] = counts if isinstance(counts, str) else json.dumps(counts)
+    return span(episode, t, sc.SPAN_FINAL_SELECTION, attrs, **columns)
+
+
+def unit(rows):
+    """Rows as the converter hands them to a term: the span schema plus ``episode_key``."""
+    t = table(rows)
+    return t.append_column(EPISODE_KEY, pc.cast(t["episode_id"], "string"))
+
+
+def got(derived):
+    """(scope, agent, turn, value rounded) per reward, sorted."""
+    return sorted((r.scope, r.agent, r.turn, round(r.value, 9)) for r in derived.rewards)
+
+
+def evaluation(episode, value, *, name="judge", agent=None):
+    return EvaluationReward(episode, value, "agent" if agent else "episode", agent, None, name,
+                            "judge")
+
+
+def test_votes_for_the_selected_answer_follow_the_massgen_rule():
+    rows = [chat("e1", 1, "a", 0, end=2), chat("e1", 15, "a", 1, end=16),
+            chat("e1", 1, "b", 0, end=3), chat("e1", 5, "b", 1, end=12),  # ends after b's vote
+            answer("e1", 4, "a"), answer("e1", 4, "b"),
+            vote("e1", 10, "a", "a"), vote("e1", 11, "b", "a"), vote("e1", 12, "c", "b"),
+            vote("e1", 13, "d", "b", agent_name="d", turn_index=7),  # recorded in d's scope
+            final("e1", 20, "a")]
+    out = Votes()(unit(rows))
+    assert got(out) == [("agent", "c", None, -0.5), ("turn", "a", 0, 1.0),
+                        ("turn", "b", 0, 1.0), ("turn", "d", 7, -0.5)]
+    assert {r.term for r in out.rewards} == {"votes"} and not out.notes
+
+
+def test_only_each_voters_current_vote_counts():
+    rows = [vote("e1", 5, "a", "b"), vote("e1", 6, "b", "a"), restart("e1", 7, "b"),
+            vote("e1", 8, "a", "a"), vote("e1", 9, "c", "b"), final("e1", 20, "a")]
+    out = Votes()(unit(rows))  # a's first vote replaced, b's withdrawn by its restart
+    assert got(out) == [("agent", "a", None, 1.0), ("agent", "c", None, -0.5)]
+    assert out.notes == {f"recipe votes: {votes_term.SUPERSEDED}": 2}
+
+
+def test_a_vote_for_an_agent_that_never_answered_is_wrong():
+    rows = [answer("e1", 1, "a"), answer("e1", 1, "b"), vote("e1", 5, "a", "ghost"),
+            vote("e1", 6, "b", "a"), final("e1", 9, "a")]
+    assert got(Votes()(unit(rows))) == [("agent", "a", None, -0.5), ("agent", "b", None, 1.0)]
+
+
+def test_votes_without_a_final_selection_or_with_several():
+    none = Votes()(unit([vote("e1", 5, "a", "b"), vote("e1", 6, "b", "b")]))
+    assert none.rewards == [] and none.notes == {f"recipe votes: {votes_term.NO_SELECTION}": 2}
+    several = Votes()(unit([vote("e2", 5, "a", "b"), final("e2", 8, "a"), final("e2", 9, "b")]))
+    assert got(several) == [("agent", "a", None, 1.0)]  # the latest selection: b
+    assert several.notes == {f"recipe votes: {votes_term.SEVERAL_SELECTIONS}": 1}
+
+
+def test_votes_with_missing_attributes_are_noted_not_fatal():
+    rows = [span("e1", 5, sc.SPAN_VOTE, {sc.VOTE_VOTER: "a"}),  # no target
+            span("e1", 6, sc.SPAN_VOTE, None), {**vote("e1", 7, "b", "a"), "attributes": "{"},
+            vote("e1", 8, "c", "a"), span("e1", 9, sc.SPAN_FINAL_SELECTION, {}),
+            final("e1", 10, "a", counts="not json")]
+    out = Votes()(unit(rows))
+    assert got(out) == [("agent", "c", None, 1.0)]
+    assert out.notes == {"recipe votes: vote span without voter or target (ignored)": 3,
+                         "recipe votes: final selection span without an agent (ignored)": 1,
+                         "recipe votes: final selection with unreadable vote counts "
+                         "(votes counted from vote spans)": 1}
+
+
+def test_votes_for_the_best_rated_answer():
+    rows = [answer("e1", 1, "a"), answer("e1", 1, "b"),
+            reward("e1", 2, 0.2, scope="agent", agent="a"),
+            reward("e1", 2, 0.9, scope="turn", agent="b", turn=0),
+            reward("e1", 2, 5.0, scope="agent", agent="c"),  # c never answered: not a candidate
+            reward("e1", 2, 7.0),  # the team's reward rates nobody
+            vote("e1", 5, "a", "a"), vote("e1", 6, "c", "b"), final("e1", 9, "a")]
+    evals = {"e1": [evaluation("e1", 0.5, agent="a", name="helpful")]}
+    # ratings: a 0.2 + 0.5 = 0.7, b 0.9: b is best, though a was selected
+    out = Votes(target="best_rated")(unit(rows), evals)
+    assert got(out) == [("agent", "a", None, -0.5), ("agent", "c", None, 1.0)]
+    judge = {"e1": [evaluation("e1", 0.9, agent="a"), evaluation("e1", 0.3, agent="b"),
+                    evaluation("e1", 0.5, agent="b")]}  # b: mean 0.4
+    by_judge = Votes.from_config({"target": "best_rated", "rating": "evaluation:judge"}, "r")
+    assert got(by_judge(unit(rows), judge)) == [("agent", "a", None, 1.0),
+                                                ("agent", "c", None, -0.5)]
+
+
+def test_best_rated_ties_and_no_ratings_reward_nobody():
+    rows = [answer("e1", 1, "a"), answer("e1", 1, "b"), vote("e1", 5, "a", "a"),
+            vote("e1", 6, "b", "a"), final("e1", 9, "a")]
+    tie = {"e1": [evaluation("e1", 0.5, agent="a"), evaluation("e1", 0.5, agent="b")]}
+    judge = source({"rating": "evaluation:judge"}, "rating", "rewards", "rewards", "r")
+    out = Votes(target="best_rated", rating=judge)(unit(rows), tie)
+    assert out.rewards == [] and out.notes == {f"recipe votes: {votes_term.TIE}": 2}
+    unrated = Votes(target="best_rated")(unit(rows))
+    assert unrated.rewards == [] and unrated.notes == {f"recipe votes: {votes_term.NO_RATING}": 2}
+
+
+def test_vote_constants_and_weight_come_from_the_recipe():
+    term = Votes.from_config({"correct": 2.0, "wrong": -1.0, "weight": 0.5}, "r")
+    rows = [vote("e1", 5, "a", "a"), vote("e1", 6, "b", "c"), final("e1", 9, "a")]
+    assert got(term(unit(rows))) == [("agent", "a", None, 1.0), ("agent", "b", None, -0.5)]
+
+
+def coordinated(episode="e1", counts=None):
+    """Two agents: a's call 100 + 20 tokens, b's 50 + 30, one call without usage (its ids:
+    2 + 2); rounds up to 4 (5 rounds); team reward 0.5; a selected."""
+    return [chat(episode, 1, "a", 0, usage=(100, 20), rnd=0),
+            chat(episode, 2, "b", 0, usage=(50, 30), rnd=4), chat(episode, 3, "b", 1),
+            answer(episode, 4, "a"), answer(episode, 4, "b"),
+            vote(episode, 5, "a", "a"), vote(episode, 6, "b", "b"),
+            reward(episode, 8, 0.5), final(episode, 9, "a", counts)]
+
+
+def test_coordination_is_the_massgen_formula():
+    # 2 x 0.5 + 1 (a has 2 of 3 votes) - 0.1 x (5 - 3) - 0.001 x 204
+    out = Coordination()(unit(coordinated(counts={"a": 2, "b": 1})))
+    assert got(out) == [("team", None, None, round(1.0 + 1.0 - 0.2 - 0.204, 9))]
+    unanimous = Coordination.from_config({"consensus_rule": "unanimous"}, "r")
+    assert got(unanimous(unit(coordinated(counts={"a": 2, "b": 1})))) == [
+        ("team", None, None, round(1.0 - 0.5 - 0.2 - 0.204, 9))]
+    # no tallies on the selection: the vote spans, 1 of 2 for a, is no majority
+    assert got(Coordination()(unit(coordinated()))) == [
+        ("team", None, None, round(1.0 - 0.5 - 0.2 - 0.204, 9))]
+
+
+def test_coordination_constants_and_token_count_are_configurable():
+    term = Coordination.from_config({"quality_weight": 1.0, "consensus": 2.0,
+                                     "no_consensus": 0.0, "free_rounds": 0, "per_round": -1.0,
+                                     "per_token": -0.01, "tokens": "output", "weight": 2.0},
+                                    "r")
+    # 2 x (0.5 + 2 - 5 - 0.01 x (20 + 30 + 2))
+    assert got(term(unit(coordinated(counts={"a": 2})))) == [
+        ("team", None, None, round(2 * (0.5 + 2.0 - 5.0 - 0.52), 9))]
+
+
+def test_coordination_quality_from_a_judge_and_when_missing():
+    rows = [r for r in coordinated(counts={"a": 2}) if r["name"] != "agl_bridge.reward"]
+    judge = Coordination.from_config({"quality": "evaluation:judge"}, "r")
+    evals = {"e1": [evaluation("e1", 0.8, agent="a"), evaluation("e1", 0.2, agent="b"),
+                    evaluation("e1", 0.6)]}  # the selected agent's score wins
+    assert got(judge(unit(rows), evals)) == [("team", None, None, round(1.6 + 1 - 0.2 - 0.204, 9))]
+    episode_only = {"e1": [evaluation("e1", 0.6), evaluation("e1", 0.4)]}  # the mean: 0.5
+    assert got(judge(unit(rows), episode_only)) == [
+        ("team", None, None, round(1.0 + 1 - 0.2 - 0.204, 9))]
+    missing = Coordination()(unit(rows))
+    assert got(missing) == [("team", None, None, round(1 - 0.2 - 0.204, 9))]
+    assert missing.notes == {f"recipe coordination: {NO_QUALITY}": 1}
+
+
+def test_coordination_only_for_episodes_that_coordinate():
+    rows = [chat("e1", 1, "a", 0, usage=(10, 10)), reward("e1", 2, 1.0),
+            chat("e2", 1, "a", 0, usage=(10, 10)), restart("e2", 2, "a")]
+    out = Coordination()(unit(rows))  # e2: no selection, no votes, quality 0, 20 tokens
+    assert [(r.episode, round(r.value, 9)) for r in out.rewards] == [("e2", -0.52)]
+    assert out.notes["recipe coordination: episode without a final selection (no consensus)"] == 1
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"votes": {"target": "winner"}}, r"votes\]\.target: expected one of \['selected', "),
+    ({"votes": {"rating": "judge"}}, r"votes\]\.rating: expected 'rewards' or 'evaluation:N"),
+    ({"coordination": {"quality": "evaluation:"}}, r"coordination\]\.quality: expected 'task'"),
+    ({"coordination": {"consensus_rule": "most"}}, r"consensus_rule: expected one of"),
+    ({"coordination": {"free_rounds": -1}}, r"free_rounds: expected an integer >= 0"),
+    ({"coordination": {"tokens": "all"}}, r"tokens: expected one of \['input\+output'"),
+])
+def test_bad_term_tables_are_refused_by_key(config, message):
+    with pytest.raises(RecipeError, match=message):
+        recipe_from_dict({"terms": config}, "r.toml")

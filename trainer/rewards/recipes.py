@@ -12,12 +12,14 @@ can be rewarded again with a new recipe without running the agents again::
 
     [terms.tool_failure]     # an execute_tool span that failed: a penalty to the calling agent
     penalty = -0.2
+    [terms.votes]            # +1 for a vote for the selected answer, -0.5 otherwise
+    target = "selected"
 
 Every term takes ``weight`` (default 1) besides its own constants. A term is a pure function
 of one unit's span rows (an Arrow table with the columns it declares, plus ``episode_key``) to
 rewards with a scope; the converter adds them to the episode's other rewards (sum) and the
-convert summary reports what each term contributed, per agent. The terms live in
-``terms/``, one module per family.
+convert summary reports what each term contributed, per agent. The terms (``terms/``):
+``tool_failure``, ``votes``, ``coordination``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from agl_bridge.trainer.rewards.terms import ToolFailure
+from agl_bridge.trainer.rewards.terms import Coordination, ToolFailure, Votes
 from agl_bridge.trainer.rewards.terms.base import (
     EPISODE_KEY,
     NO_EVALUATIONS,
@@ -46,6 +48,8 @@ from agl_bridge.trainer.rewards.terms.base import (
 # term name in the TOML -> how to build it from its table
 TERMS: dict[str, Callable[[Mapping[str, Any], str], Term]] = {
     "tool_failure": ToolFailure.from_config,
+    "votes": Votes.from_config,
+    "coordination": Coordination.from_config,
 }
 
 
