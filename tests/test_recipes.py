@@ -8,6 +8,7 @@ import pytest
 
 from agl_bridge import semconv as sc
 from agl_bridge.trainer.conversion import ConvertConfig, spans_to_transitions
+from agl_bridge.trainer.conversion.columns import columns_to_read
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
 from agl_bridge.trainer.rewards.recipes import (
     EPISODE_KEY,
@@ -15,7 +16,8 @@ from agl_bridge.trainer.rewards.recipes import (
     load_recipe,
     recipe_from_dict,
 )
-from agl_bridge.trainer.rewards.terms import Coordination, Votes
+from agl_bridge.trainer.rewards.terms import Coordination, Cost, Dag, Votes
+from agl_bridge.trainer.rewards.terms import dag as dag_term
 from agl_bridge.trainer.rewards.terms import votes as votes_term
 from agl_bridge.trainer.rewards.terms.coordination import NO_QUALITY
 from agl_bridge.trainer.rewards.terms.ratings import source
@@ -53,8 +55,8 @@ def test_the_recipe_can_be_the_only_reward():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"terms": {"nope": {}}}, r"\[terms.nope\]: unknown term; known: \['coordination', "
-     r"'tool_failure', 'votes'\]"),
+    ({"terms": {"nope": {}}}, r"\[terms.nope\]: unknown term; known: \['coordination', 'cost', "
+     r"'dag', 'tool_failure', 'votes'\]"),
     ({"terms": {"tool_failure": {"penalty": "high"}}}, r"tool_failure\]\.penalty: expected a"),
     ({"terms": {"tool_failure": {"typo": 1}}}, r"unknown key\(s\) \['typo'\]"),
     ({"terms": {"tool_failure": 3}}, r"must be a table"),
@@ -127,6 +129,19 @@ def final(episode, t, agent, counts=None, **columns):
     if counts is not None:
         attrs[sc.VOTE_COUNTS] = counts if isinstance(counts, str) else json.dumps(counts)
     return span(episode, t, sc.SPAN_FINAL_SELECTION, attrs, **columns)
+
+
+def step(episode, t, task, kind, *, agent=None, attempt=0, depends_on=None, passed=None,
+         workflow="w1", end=None):
+    attrs = {sc.WORKFLOW_ID: workflow, sc.WORKFLOW_TASK_ID: task,
+             sc.WORKFLOW_TASK_ATTEMPT: attempt}
+    if depends_on is not None:
+        attrs[sc.WORKFLOW_TASK_DEPENDS_ON] = depends_on
+    if passed is not None:
+        attrs[sc.WORKFLOW_VALIDATION_PASSED] = passed
+    if task is None:
+        del attrs[sc.WORKFLOW_TASK_ID]
+    return span(episode, t, sc.workflow_step_span_name(kind), attrs, end=end, agent_name=agent)
 
 
 def unit(rows):
@@ -282,6 +297,102 @@ def test_coordination_only_for_episodes_that_coordinate():
     assert out.notes["recipe coordination: episode without a final selection (no consensus)"] == 1
 
 
+def flow_run(episode="e1", *, total_passes=False):
+    """The Flow example's workflow: left (alice) and right (bob) pass; total (alice, depends on
+    both) fails, is retried once, and passes or fails again."""
+    return [step(episode, 1, "left", "schedule", agent="alice"),
+            step(episode, 2, "left", "execute", agent="alice", end=4),
+            step(episode, 5, "left", "validate", agent="alice", passed=True),
+            step(episode, 6, "right", "schedule", agent="bob"),
+            step(episode, 7, "right", "execute", agent="bob"),
+            step(episode, 8, "right", "validate", agent="bob", passed=True),
+            step(episode, 9, "total", "schedule", agent="alice", depends_on=["left", "right"]),
+            step(episode, 10, "total", "execute", agent="alice"),
+            step(episode, 11, "total", "validate", agent="alice", passed=False),
+            step(episode, 12, "total", "retry", agent="alice", attempt=1),
+            step(episode, 13, "total", "validate", agent="alice", attempt=1,
+                 passed=total_passes)]
+
+
+def test_dag_rewards_are_the_flow_design():
+    out = Dag()(unit(flow_run()))
+    assert got(out) == [("agent", "alice", None, -0.6), ("agent", "alice", None, 1.0),
+                        ("agent", "bob", None, 1.0), ("team", None, None, round(2 / 3, 9))]
+    passed = Dag()(unit(flow_run(total_passes=True)))  # the dependents' success: +0.5 each
+    assert got(passed) == [("agent", "alice", None, 0.9), ("agent", "alice", None, 1.5),
+                           ("agent", "bob", None, 1.5), ("team", None, None, 1.0)]
+    assert not out.notes and not passed.notes
+
+
+def test_dag_constants_and_efficiency():
+    term = Dag.from_config({"success": 2.0, "failure": -1.0, "retry": -0.5, "downstream": 1.0,
+                            "efficiency": 0.3, "workflow": 3.0}, "r")
+    rows = [step("e1", 0, "a", "execute", agent="x", end=10**9),  # 1 s: 0.3 / 2
+            step("e1", 2 * 10**9, "a", "validate", agent="x", passed=True),
+            step("e1", 3 * 10**9, "b", "execute", agent="y", depends_on=["a"]),
+            step("e1", 4 * 10**9, "b", "validate", agent="y", passed=False)]
+    assert got(term(unit(rows))) == [("agent", "x", None, 2.15), ("agent", "y", None, -0.7),
+                                     ("team", None, None, 1.5)]
+
+
+def test_dag_edge_cases_are_noted_never_fatal():
+    rows = [step("e1", 1, "x", "execute", agent="p"), step("e1", 2, "x", "retry", agent="p",
+                                                           attempt=1),  # never validated
+            step("e1", 3, "y", "execute", agent="q", depends_on=["ghost", "y"]),
+            step("e1", 4, "y", "validate", agent="q", passed=True),
+            step("e1", 5, "m", "execute", agent="r", depends_on=["n"]),
+            step("e1", 6, "m", "validate", agent="r", passed=True),
+            step("e1", 7, "n", "execute", agent="s", depends_on=["m"]),
+            step("e1", 8, "n", "validate", agent="s", passed=True),
+            step("e1", 9, "z", "validate", passed=True),  # no agent anywhere
+            step("e1", 10, "v", "validate", agent="t"),  # no verdict
+            step("e1", 11, None, "execute", agent="p"),  # no task id
+            step("e1", 12, "u", "schedule", agent="t", depends_on="m")]  # not a list
+    out = Dag()(unit(rows))
+    assert got(out) == [("agent", "p", None, -0.6), ("agent", "q", None, 1.0),
+                        ("agent", "r", None, 1.0), ("agent", "s", None, 1.0),
+                        ("agent", "t", None, -0.5), ("agent", "t", None, -0.5),
+                        ("team", None, None, round(4 / 7, 9))]
+    n = {k.removeprefix("recipe dag: "): v for k, v in out.notes.items()}
+    assert n == {dag_term.NEVER_VALIDATED: 3, dag_term.UNKNOWN_DEPENDENCY: 1,
+                 dag_term.CYCLE: 3, dag_term.NO_AGENT: 1, dag_term.NO_VERDICT: 1,
+                 dag_term.NO_TASK_ID: 1, dag_term.BAD_DEPENDS_ON: 1}
+
+
+def test_dag_turn_scope_and_several_workflows():
+    rows = flow_run()
+    attempt = rows[9]["span_id"]  # total's retry: its call is alice's turn 1
+    rows += [chat("e1", 12, "alice", 1, parent=attempt), chat("e1", 2, "alice", 0,
+                                                              parent=rows[1]["span_id"])]
+    rows += [step("e1", 20, "solo", "execute", agent="bob", workflow="w2"),
+             step("e1", 21, "solo", "validate", agent="bob", passed=True, workflow="w2")]
+    out = Dag(scope="turn")(unit(rows))
+    assert got(out) == [("agent", "bob", None, 1.0), ("agent", "bob", None, 1.0),
+                        ("team", None, None, round(2 / 3, 9)), ("team", None, None, 1.0),
+                        ("turn", "alice", 0, 1.0), ("turn", "alice", 1, -0.6)]
+    assert out.notes == {f"recipe dag: {dag_term.NO_TURN}": 2}  # bob's calls were not traced
+
+
+def test_cost_charges_each_call_to_its_agent_and_turn():
+    rows = [chat("e1", 0, "a", 0, end=2 * 10**9, usage=(100, 20)), chat("e1", 0, "b"),
+            chat("e1", 0, None, 3, end=10**9, usage=(0, 0)),
+            reward("e1", 5, 1.0), tool("e1", 6)]
+    term = Cost.from_config({"per_token": -0.001, "per_second": -0.01}, "r")
+    out = term(unit(rows))  # b: 4 tokens from its ids, no end; the third: only 1 s
+    assert got(out) == [("agent", "b", None, -0.004), ("episode", None, None, -0.01),
+                        ("turn", "a", 0, -0.14)]
+    assert out.notes == {"recipe cost: LLM call without an end time (latency 0)": 1}
+    outputs = Cost.from_config({"tokens": "output"}, "r")(unit(rows))
+    assert got(outputs) == [("agent", "b", None, -0.002), ("turn", "a", 0, -0.02)]
+
+
+def test_token_counts_ignore_keys_inside_string_values():
+    quoted = json.dumps({"note": '{"gen_ai.usage.input_tokens": 999}',
+                         sc.GEN_AI_USAGE_OUTPUT_TOKENS: 7})
+    row = {**chat("e1", 0, "a", 0), "attributes": quoted}  # input: its 2 prompt ids
+    assert got(Cost()(unit([row]))) == [("turn", "a", 0, -0.009)]
+
+
 @pytest.mark.parametrize("config, message", [
     ({"votes": {"target": "winner"}}, r"votes\]\.target: expected one of \['selected', "),
     ({"votes": {"rating": "judge"}}, r"votes\]\.rating: expected 'rewards' or 'evaluation:N"),
@@ -289,7 +400,44 @@ def test_coordination_only_for_episodes_that_coordinate():
     ({"coordination": {"consensus_rule": "most"}}, r"consensus_rule: expected one of"),
     ({"coordination": {"free_rounds": -1}}, r"free_rounds: expected an integer >= 0"),
     ({"coordination": {"tokens": "all"}}, r"tokens: expected one of \['input\+output'"),
+    ({"dag": {"scope": "team"}}, r"dag\]\.scope: expected one of \['agent', 'turn'\]"),
+    ({"dag": {"retries": -0.1}}, r"dag\]: unknown key\(s\) \['retries'\]"),
+    ({"cost": {"per_token": float("nan")}}, r"cost\]\.per_token: expected a finite number"),
 ])
 def test_bad_term_tables_are_refused_by_key(config, message):
     with pytest.raises(RecipeError, match=message):
         recipe_from_dict({"terms": config}, "r.toml")
+
+
+def test_the_attributes_column_is_read_only_when_a_term_needs_it():
+    def columns(terms):
+        return columns_to_read(False, recipe_from_dict({"terms": terms}).columns)
+
+    assert "attributes" not in columns({"tool_failure": {}})
+    assert "name" not in columns({"tool_failure": {}})
+    for term in ("votes", "coordination", "dag", "cost"):
+        assert "attributes" in columns({term: {}}), term
+    assert "name" in columns({"votes": {}}) and "name" in columns({"dag": {}})
+
+
+def test_a_recipe_of_every_term_through_the_converter(tmp_path):
+    rows = coordinated(counts={"a": 2}) + [tool("e1", 20, agent="a", turn=0, failed=True)]
+    path = tmp_path / "recipe.toml"
+    path.write_text('[terms.votes]\n[terms.coordination]\n[terms.cost]\nper_token = -0.01\n'
+                    '[terms.tool_failure]\n[terms.dag]\n')
+    out, stats = spans_to_transitions(table(rows), ConvertConfig(recipe=load_recipe(path)))
+    # votes: a +1 (for a), b -0.5; coordination 1 + 1 - 0.2 - 0.204 = 1.596 for the team;
+    # cost: a 1.2, b 0.8 + 0.04; tool_failure: a -0.2; the task reward 0.5
+    assert dict(stats.recipe) == pytest.approx({
+        ("votes", "a"): 1.0, ("votes", "b"): -0.5, ("coordination", None): 1.596,
+        ("cost", "a"): -1.2, ("cost", "b"): -0.84, ("tool_failure", "a"): -0.2})
+    summary = stats.summary()
+    for line in ("recipe votes: a +1.0000 in 1 reward(s)", "recipe votes: b -0.5000 in 1",
+                 "recipe coordination: (episode) +1.5960 in 1", "recipe cost: a -1.2000 in 1",
+                 "recipe cost: b -0.8400 in 2", "recipe tool_failure: a -0.2000 in 1"):
+        assert line in summary, line
+    by_turn = {(t["agent_name"], t["turn_index"]): t["reward"] for t in out.to_pylist()}
+    # every turn: team 0.5 + 1.596; own: its cost, a@0 its vote and tool failure, b's vote on
+    # b@1 (b's latest call before the vote)
+    assert by_turn == pytest.approx({("a", 0): 2.096 + 1.0 - 1.2 - 0.2,
+                                     ("b", 0): 2.096 - 0.8, ("b", 1): 2.096 - 0.5 - 0.04})
