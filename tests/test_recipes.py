@@ -441,3 +441,22 @@ def test_a_recipe_of_every_term_through_the_converter(tmp_path):
     # b@1 (b's latest call before the vote)
     assert by_turn == pytest.approx({("a", 0): 2.096 + 1.0 - 1.2 - 0.2,
                                      ("b", 0): 2.096 - 0.8, ("b", 1): 2.096 - 0.5 - 0.04})
+
+
+def test_terms_read_only_the_columns_they_declare():
+    """The converter hands a term only the columns it declares: the same rewards and notes
+    from those as from every column."""
+    rows = (coordinated(counts={"a": 2}) + flow_run("e2") + [
+        tool("e1", 20, agent="a", turn=0, failed=True),
+        chat("e2", 10, "alice", 0, end=11, parent="nope", usage=(3, 4))])
+    evals = {"e1": [evaluation("e1", 0.8, agent="a")]}
+    full = unit(rows)
+    for config in ({"tool_failure": {}}, {"votes": {"target": "best_rated"}},
+                   {"coordination": {"quality": "evaluation:judge"}},
+                   {"dag": {"scope": "turn", "efficiency": 1.0}},
+                   {"cost": {"per_second": -1.0}}):
+        (term,) = recipe_from_dict({"terms": config}).terms
+        narrow = full.select(list(dict.fromkeys([*term.columns, EPISODE_KEY])))
+        expected = term(full, evals)
+        assert expected.rewards, config
+        assert term(narrow, evals) == expected, config

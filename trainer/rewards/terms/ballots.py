@@ -86,7 +86,9 @@ class Ballot:
 
 def read_ballots(spans: pa.Table) -> dict[str, Ballot]:
     """Episode key -> its coordination, for the episodes that have coordination spans."""
-    rows = named(spans, *COORDINATION_SPANS)
+    rows = named(spans, COORDINATION_SPANS, [EPISODE_KEY, "name", "attributes", "span_id",
+                                             "start_time_unix_nano", "agent_name",
+                                             "turn_index"])
     if rows.num_rows == 0:
         return {}
     order = pc.sort_indices(rows, sort_keys=[(EPISODE_KEY, "ascending"),
@@ -127,7 +129,7 @@ def _rounds(spans: pa.Table, ballots: dict[str, Ballot]) -> None:
     """Rounds = the highest 0-based coordination round any span of the episode carries, + 1."""
     has = pc.and_(pc.is_valid(spans["coordination_round"]),
                   pc.is_in(spans[EPISODE_KEY], value_set=pa.array(list(ballots), pa.string())))
-    rows = spans.filter(has).select([EPISODE_KEY, "coordination_round"])
+    rows = spans.select([EPISODE_KEY, "coordination_round"]).filter(has)
     episodes = rows[EPISODE_KEY].to_pylist()
     rounds = np.asarray(rows["coordination_round"].to_numpy(zero_copy_only=False))
     for episode, r in zip(episodes, rounds):

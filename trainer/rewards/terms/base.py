@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 
@@ -35,8 +35,9 @@ class RecipeError(ValueError):
     """A recipe that cannot be used; the message names the file and the key."""
 
 
-@dataclass(frozen=True)
-class RecipeReward:
+class RecipeReward(NamedTuple):
+    """One derived reward (a tuple: a per-call term makes hundreds of thousands of them)."""
+
     episode: str
     value: float
     scope: str  # turn, agent, team, episode

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from agl_bridge.trainer.rewards.terms import ballots as bl
 from agl_bridge.trainer.rewards.terms.base import (
@@ -52,7 +53,7 @@ from agl_bridge.trainer.rewards.terms.ratings import (
     episode_quality,
     source,
 )
-from agl_bridge.trainer.rewards.terms.spans import TOKENS, call_tokens, chats
+from agl_bridge.trainer.rewards.terms.spans import TOKENS, call_tokens, is_chat
 
 RULES = ("majority", "unanimous")
 NO_QUALITY = "episode without a quality from its source (quality 0)"
@@ -124,13 +125,11 @@ class Coordination:
         return 2 * won > total
 
     def _tokens(self, spans: pa.Table, episodes: set[str]) -> dict[str, int]:
-        calls = chats(spans)
-        if calls.num_rows == 0:
-            return {}
-        per_call = call_tokens(calls, self.tokens)
+        mask = pc.and_(is_chat(spans), pc.is_in(spans[EPISODE_KEY], value_set=pa.array(
+            list(episodes), pa.string())))
         out: dict[str, int] = {}
-        for episode, n in zip(calls[EPISODE_KEY].to_pylist(), per_call.tolist()):
-            if episode in episodes:
-                out[episode] = out.get(episode, 0) + int(n)
+        for episode, n in zip(spans[EPISODE_KEY].filter(mask).to_pylist(),
+                              call_tokens(spans, self.tokens, mask).tolist()):
+            out[episode] = out.get(episode, 0) + n
         return out
 

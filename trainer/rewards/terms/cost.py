@@ -30,7 +30,7 @@ from agl_bridge.trainer.rewards.terms.base import (
     number,
     weight,
 )
-from agl_bridge.trainer.rewards.terms.spans import TOKENS, call_tokens, chats
+from agl_bridge.trainer.rewards.terms.spans import TOKENS, call_tokens, is_chat
 
 NO_END = "LLM call without an end time (latency 0)"
 
@@ -55,12 +55,14 @@ class Cost:
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()
-        calls = chats(spans)
+        mask = is_chat(spans)
+        calls = spans.select([EPISODE_KEY, "agent_name", "turn_index", "start_time_unix_nano",
+                              "end_time_unix_nano"]).filter(mask)
         if calls.num_rows == 0:
             return out
         value = np.zeros(calls.num_rows)
         if self.per_token:
-            value += self.per_token * call_tokens(calls, self.tokens)
+            value += self.per_token * call_tokens(spans, self.tokens, mask)
         if self.per_second:
             ns = pc.subtract(calls["end_time_unix_nano"], calls["start_time_unix_nano"])
             out.note(self.name, NO_END, ns.null_count)

@@ -155,7 +155,9 @@ class Dag:
         return local_reward(episode, self.weight * value, agent, turn, self.name)
 
     def _tasks(self, spans: pa.Table, out: Derived) -> dict[TaskKey, Task]:
-        rows = named(spans, *STEPS)
+        rows = named(spans, list(STEPS), [EPISODE_KEY, "name", "attributes", "span_id",
+                                          "agent_name", "start_time_unix_nano",
+                                          "end_time_unix_nano"])
         if rows.num_rows == 0:
             return {}
         rows = rows.take(pc.sort_indices(rows, sort_keys=[
@@ -273,10 +275,9 @@ def _attempt_turns(spans: pa.Table, tasks: Mapping[TaskKey, Task]) -> dict[str, 
     """Span id of each task's last attempt -> the highest turn of the LLM calls inside it."""
     attempts = {t.last_attempt for t in tasks.values() if t.last_attempt}
     out: dict[str, int] = {}
-    calls = chats(spans)
-    if not attempts or calls.num_rows == 0:
+    if not attempts:
         return out
-    for r in calls.select(["parent_span_id", "turn_index"]).to_pylist():
+    for r in chats(spans, ["parent_span_id", "turn_index"]).to_pylist():
         parent, turn = r["parent_span_id"], r["turn_index"]
         if parent in attempts and turn is not None:
             out[parent] = max(out.get(parent, turn), turn)

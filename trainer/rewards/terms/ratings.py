@@ -64,8 +64,8 @@ def source(config: Mapping[str, Any], key: str, default: str, plain: str, where:
 
 def _reward_rows(spans: pa.Table) -> list[dict[str, Any]]:
     """The unit's reward spans (finite values, each span id once)."""
-    rows = spans.filter(pc.is_valid(spans["reward_value"])).select(
-        [EPISODE_KEY, *REWARD_COLUMNS]).to_pylist()
+    rows = spans.select([EPISODE_KEY, *REWARD_COLUMNS]).filter(
+        pc.is_valid(spans["reward_value"])).to_pylist()
     seen: set[str] = set()
     out = []
     for r in rows:

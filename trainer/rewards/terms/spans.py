@@ -21,19 +21,21 @@ from agl_bridge import semconv as sc
 TOKENS = ("input+output", "input", "output")  # which tokens a term counts
 
 
-def named(spans: pa.Table, *names: str) -> pa.Table:
-    """The rows whose span name is one of ``names``."""
-    if spans.num_rows == 0:
-        return spans
-    mask = pc.is_in(spans["name"], value_set=pa.array(names, pa.string()))
-    return spans.filter(pc.fill_null(mask, False))
+def named(spans: pa.Table, names: Sequence[str], columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the rows whose span name is one of ``names`` (only those columns are
+    copied: a unit's token id lists and attributes are large)."""
+    mask = pc.fill_null(pc.is_in(spans["name"], value_set=pa.array(names, pa.string())), False)
+    return spans.select(list(columns)).filter(mask)
 
 
-def chats(spans: pa.Table) -> pa.Table:
-    """The LLM call rows (``gen_ai.operation.name = chat``)."""
-    if spans.num_rows == 0:
-        return spans
-    return spans.filter(pc.fill_null(pc.equal(spans["operation_name"], sc.OP_CHAT), False))
+def is_chat(spans: pa.Table) -> pa.Array:
+    """Which rows are LLM calls (``gen_ai.operation.name = chat``)."""
+    return pc.fill_null(pc.equal(spans["operation_name"], sc.OP_CHAT), False)
+
+
+def chats(spans: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the LLM call rows."""
+    return spans.select(list(columns)).filter(is_chat(spans))
 
 
 def attributes(rows: pa.Table, keys: Sequence[str]) -> list[dict[str, Any]]:
@@ -59,23 +61,22 @@ def _json_int(text: pa.ChunkedArray | pa.Array, key: str) -> np.ndarray:
     return np.asarray(pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False))
 
 
-def call_tokens(calls: pa.Table, which: str) -> np.ndarray:
-    """Tokens of each LLM call: ``gen_ai.usage.input_tokens`` / ``output_tokens`` from its
-    attributes, or, where a call has no usage attribute, the length of its prompt /
-    completion token id lists (the same numbers for a call vLLM served with ids)."""
-    total = np.zeros(calls.num_rows, np.int64)
+def call_tokens(spans: pa.Table, which: str, mask: pa.Array | None = None) -> np.ndarray:
+    """Tokens of each row in ``mask`` (all rows without): ``gen_ai.usage.input_tokens`` /
+    ``output_tokens`` from its attributes, or, where it has no usage attribute, the length of
+    its prompt / completion token id lists (the same numbers for a call vLLM served with ids).
+    Computed over whole columns, then masked: that reads list offsets and scans the JSON text
+    once, with no copy of either."""
+    total = np.zeros(spans.num_rows, np.int64)
     for part, key, ids in (("input", sc.GEN_AI_USAGE_INPUT_TOKENS, "prompt_token_ids"),
                            ("output", sc.GEN_AI_USAGE_OUTPUT_TOKENS, "completion_token_ids")):
         if part not in which.split("+"):
             continue
-        usage = _json_int(calls["attributes"], key) if "attributes" in calls.column_names \
-            else np.full(calls.num_rows, -1, np.int64)
-        lengths = np.asarray(pc.fill_null(pc.list_value_length(calls[ids]), 0).to_numpy(
-            zero_copy_only=False), np.int64) if ids in calls.column_names \
-            else np.zeros(calls.num_rows, np.int64)
+        usage = _json_int(spans["attributes"], key)
+        lengths = np.asarray(pc.fill_null(pc.list_value_length(spans[ids]), 0).to_numpy(
+            zero_copy_only=False), np.int64)
         total += np.where(usage >= 0, usage, lengths)
-    return total
+    if mask is None:
+        return total
+    return total[np.asarray(mask.to_numpy(zero_copy_only=False), bool)]
 
-
-def column(rows: pa.Table, name: str) -> list[Any]:
-    return rows[name].to_pylist() if name in rows.column_names else [None] * rows.num_rows

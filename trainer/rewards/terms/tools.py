@@ -40,11 +40,10 @@ class ToolFailure:
                    weight(config, where))
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
-        tools = spans.filter(pc.fill_null(pc.equal(spans["operation_name"], sc.OP_EXECUTE_TOOL),
-                                          False))
+        tools = spans.select([EPISODE_KEY, "status_code", "agent_name", "turn_index"]).filter(
+            pc.fill_null(pc.equal(spans["operation_name"], sc.OP_EXECUTE_TOOL), False))
         out = Derived()
-        for row in tools.select([EPISODE_KEY, "status_code", "agent_name", "turn_index"]
-                                ).to_pylist():
+        for row in tools.to_pylist():
             value = self.penalty if row["status_code"] == "ERROR" else self.success
             if value != 0.0:
                 out.rewards.append(local_reward(row[EPISODE_KEY], self.weight * value,

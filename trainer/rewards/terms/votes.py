@@ -131,9 +131,8 @@ def _calls(spans: pa.Table, episodes: set[str]) -> Calls:
     out: Calls = defaultdict(list)
     if not episodes:
         return out
-    rows = chats(spans).select([EPISODE_KEY, "agent_name", "start_time_unix_nano",
-                                "end_time_unix_nano", "turn_index", "coordination_round"]
-                               ).to_pylist()
+    rows = chats(spans, [EPISODE_KEY, "agent_name", "start_time_unix_nano",
+                         "end_time_unix_nano", "turn_index", "coordination_round"]).to_pylist()
     for r in rows:
         turn = r["turn_index"] if r["turn_index"] is not None else r["coordination_round"]
         end = r["end_time_unix_nano"] if r["end_time_unix_nano"] is not None \
