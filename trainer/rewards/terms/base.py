@@ -17,9 +17,12 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from agl_bridge import semconv as sc
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
@@ -122,6 +125,25 @@ def local_reward(episode: str, value: float, agent: str | None, turn: int | None
     if agent is not None:
         return RecipeReward(episode, value, sc.RewardScope.AGENT, agent, None, term)
     return RecipeReward(episode, value, sc.RewardScope.EPISODE, None, None, term)
+
+
+def local_rewards(episodes: pa.Array, values: np.ndarray, agents: pa.Array, turns: pa.Array,
+                  term: str) -> list[RecipeReward]:
+    """``local_reward`` for many rows at once (a per-call term), leaving out zero values: the
+    scopes are worked out on columns, so the only per-row work is making the tuple."""
+    keep = values != 0.0
+    if not keep.any():
+        return []
+    mask = pa.array(keep)
+    agents, turns, episodes = agents.filter(mask), turns.filter(mask), episodes.filter(mask)
+    has_agent = pc.is_valid(agents)
+    has_turn = pc.and_(has_agent, pc.is_valid(turns))
+    scopes = pc.if_else(has_turn, sc.RewardScope.TURN, pc.if_else(
+        has_agent, sc.RewardScope.AGENT, sc.RewardScope.EPISODE))
+    turns = pc.if_else(has_turn, turns, pa.scalar(None, turns.type))
+    return list(map(RecipeReward._make, zip(
+        episodes.to_pylist(), values[keep].tolist(), scopes.to_pylist(), agents.to_pylist(),
+        turns.to_pylist(), repeat(term))))
 
 
 def team_reward(episode: str, value: float, term: str) -> RecipeReward:

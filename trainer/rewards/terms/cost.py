@@ -26,11 +26,11 @@ from agl_bridge.trainer.rewards.terms.base import (
     Evaluations,
     check_keys,
     choice,
-    local_reward,
+    local_rewards,
     number,
     weight,
 )
-from agl_bridge.trainer.rewards.terms.spans import TOKENS, call_tokens, is_chat
+from agl_bridge.trainer.rewards.terms.spans import TOKENS, arr, call_tokens, is_chat
 
 NO_END = "LLM call without an end time (latency 0)"
 
@@ -69,9 +69,6 @@ class Cost:
             value += self.per_second * np.maximum(np.asarray(
                 pc.fill_null(ns, 0).to_numpy(zero_copy_only=False), np.float64), 0.0) / 1e9
         value *= self.weight
-        for episode, agent, turn, v in zip(calls[EPISODE_KEY].to_pylist(),
-                                           calls["agent_name"].to_pylist(),
-                                           calls["turn_index"].to_pylist(), value.tolist()):
-            if v != 0.0:
-                out.rewards.append(local_reward(episode, v, agent, turn, self.name))
+        out.rewards += local_rewards(arr(calls[EPISODE_KEY]), value, arr(calls["agent_name"]),
+                                     arr(calls["turn_index"]), self.name)
         return out
