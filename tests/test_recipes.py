@@ -418,6 +418,8 @@ def test_the_attributes_column_is_read_only_when_a_term_needs_it():
     for term in ("votes", "coordination", "dag", "cost"):
         assert "attributes" in columns({term: {}}), term
     assert "name" in columns({"votes": {}}) and "name" in columns({"dag": {}})
+    assert "parent_span_id" not in columns({"dag": {}})  # only turn scope needs it
+    assert "parent_span_id" in columns({"dag": {"scope": "turn"}})
 
 
 def test_a_recipe_of_every_term_through_the_converter(tmp_path):
@@ -453,7 +455,7 @@ def test_terms_read_only_the_columns_they_declare():
     full = unit(rows)
     for config in ({"tool_failure": {}}, {"votes": {"target": "best_rated"}},
                    {"coordination": {"quality": "evaluation:judge"}},
-                   {"dag": {"scope": "turn", "efficiency": 1.0}},
+                   {"dag": {"scope": "turn", "efficiency": 1.0}}, {"dag": {}},
                    {"cost": {"per_second": -1.0}}):
         (term,) = recipe_from_dict({"terms": config}).terms
         narrow = full.select(list(dict.fromkeys([*term.columns, EPISODE_KEY])))

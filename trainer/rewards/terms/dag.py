@@ -98,9 +98,14 @@ class Dag:
     scope: str = sc.RewardScope.AGENT
     weight: float = 1.0
     name: str = "dag"
-    columns: tuple[str, ...] = ("name", "attributes", "span_id", "parent_span_id",
-                                "start_time_unix_nano", "end_time_unix_nano", "agent_name",
-                                "turn_index", "operation_name")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """What it reads; the parent span ids (a long unique string per span) only for turn
+        scope, which finds the calls inside each task's last attempt by them."""
+        return ("name", "attributes", "span_id", "start_time_unix_nano", "end_time_unix_nano",
+                "agent_name", "turn_index", "operation_name") + (
+            ("parent_span_id",) if self.scope == sc.RewardScope.TURN else ())
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str) -> Dag:
