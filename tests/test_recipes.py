@@ -1,9 +1,13 @@
 """Reward recipes: rewards derived at conversion from what the spans hold, declared in TOML."""
 
 import json
+import subprocess
+import sys
 from itertools import count
+from pathlib import Path
 
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge import semconv as sc
@@ -462,3 +466,23 @@ def test_terms_read_only_the_columns_they_declare():
         expected = term(full, evals)
         assert expected.rewards, config
         assert term(narrow, evals) == expected, config
+
+
+def test_agl_bridge_convert_takes_a_recipe_file(tmp_path):
+    pq.write_table(table(coordinated(counts={"a": 2})), tmp_path / "spans.parquet")
+    (tmp_path / "votes.toml").write_text('[terms.votes]\ntarget = "selected"\n')
+    (tmp_path / "bad.toml").write_text('[terms.votes]\ntarget = "winner"\n')
+    exe = Path(sys.executable).with_name("agl-bridge")
+
+    def convert(recipe):
+        return subprocess.run([str(exe), "convert", str(tmp_path / "spans.parquet"),
+                               str(tmp_path / "t.parquet"), "--rewards", str(tmp_path / recipe)],
+                              capture_output=True, text=True)
+    out = convert("votes.toml")
+    assert out.returncode == 0, out.stderr
+    assert "recipe votes: a +1.0000 in 1 reward(s)" in out.stdout
+    assert "recipe votes: b -0.5000 in 1 reward(s)" in out.stdout
+    bad = convert("bad.toml")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "bad.toml: [terms.votes].target: expected one of ['selected', 'best_rated']" in \
+        bad.stderr
