@@ -21,7 +21,7 @@ from agl_bridge.trainer.conversion.arrow import arr
 from agl_bridge.trainer.conversion.columns import episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
-from agl_bridge.trainer.rewards.recipes import RecipeReward
+from agl_bridge.trainer.rewards.recipes import Derived, RecipeReward
 
 # the span columns reward matching reads
 REWARD_COLUMNS = ["trace_id", "span_id", "episode_id", "agent_name", "turn_index",
@@ -48,7 +48,7 @@ class EpisodeRewards:
         self.agent: dict[str | None, float] = defaultdict(float)
         self.turn: dict[tuple[str | None, int | None], float] = defaultdict(float)
 
-    def add(self, r: Reward) -> str | None:
+    def add(self, r: Reward | RecipeReward) -> str | None:
         """Add one reward; returns why it cannot be used, or None."""
         scope = r.scope or sc.RewardScope.EPISODE
         if scope in (sc.RewardScope.EPISODE, sc.RewardScope.TEAM):
@@ -125,17 +125,22 @@ def add_evaluations(rewards: dict[str, EpisodeRewards], episodes: list[str],
                 stats.notes[why + reasons.IGNORED_SUFFIX] += 1
 
 
-def add_recipe(rewards: dict[str, EpisodeRewards], derived: list[RecipeReward],
+def add_recipe(rewards: dict[str, EpisodeRewards], derived: Derived,
                stats: ConversionStats) -> None:
     """Rewards a recipe derived from the unit's spans, added to their episodes' rewards and
-    counted per term and agent for the summary."""
-    for r in derived:
-        why = rewards[r.episode].add(Reward(r.episode, r.value, r.scope, r.agent, r.turn))
+    counted per term and agent for the summary; what its terms left out, counted in the
+    notes."""
+    stats.notes.update(derived.notes)
+    totals: dict[tuple[str, str | None], list[float]] = defaultdict(list)
+    for r in derived.rewards:  # a per-call term derives one per LLM call: kept lean
+        why = rewards[r.episode].add(r)
         if why:
             stats.notes[why + reasons.IGNORED_SUFFIX] += 1
             continue
-        stats.recipe[(r.term, r.agent)] += r.value
-        stats.recipe_rewards[(r.term, r.agent)] += 1
+        totals[(r.term, r.agent)].append(r.value)
+    for key, values in totals.items():
+        stats.recipe[key] += math.fsum(values)
+        stats.recipe_rewards[key] += len(values)
 
 
 def _column(table: pa.Table, name: str) -> list[Any]:

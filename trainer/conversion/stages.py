@@ -162,9 +162,10 @@ def convert_rows(spans: pa.Table, cfg: ConvertConfig, source: str = "",
     rewards = read_rewards(spans.select(REWARD_COLUMNS).filter(is_reward), stats, source)
     if evaluations:
         add_evaluations(rewards, present.to_pylist(), evaluations, stats)
-    if cfg.recipe is not None and cfg.recipe.terms:
-        add_recipe(rewards, cfg.recipe.apply(spans.filter(rows).append_column(
-            EPISODE_KEY, arr(episodes.filter(rows)))), stats)
+    if cfg.recipe is not None and cfg.recipe.terms:  # the terms' columns only: no id lists
+        unit = spans.select(list(cfg.recipe.columns)).filter(rows)
+        add_recipe(rewards, cfg.recipe.apply(unit.append_column(
+            EPISODE_KEY, arr(episodes.filter(rows))), evaluations), stats)
     keys = episode_attributes(spans.filter(rows), arr(episodes.filter(rows)),
                               cfg.key_attributes) if cfg.key_attributes else None
     table = convert_table(spans, cfg, stats, rewards, episodes=episodes, select=select,

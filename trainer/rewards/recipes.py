@@ -12,108 +12,47 @@ can be rewarded again with a new recipe without running the agents again::
 
     [terms.tool_failure]     # an execute_tool span that failed: a penalty to the calling agent
     penalty = -0.2
+    [terms.votes]            # +1 for a vote for the selected answer, -0.5 otherwise
+    target = "selected"
 
 Every term takes ``weight`` (default 1) besides its own constants. A term is a pure function
 of one unit's span rows (an Arrow table with the columns it declares, plus ``episode_key``) to
 rewards with a scope; the converter adds them to the episode's other rewards (sum) and the
-convert summary reports what each term contributed, per agent.
+convert summary reports what each term contributed, per agent. The terms (``terms/``):
+``tool_failure``, ``votes``, ``coordination``, ``dag``, ``cost``; docs/recipes.md describes
+each, with its constants and a worked example.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from agl_bridge import semconv as sc
-
-EPISODE_KEY = "episode_key"  # the column the converter adds: each row's episode key
-
-
-class RecipeError(ValueError):
-    """A recipe that cannot be used; the message names the file and the key."""
-
-
-@dataclass(frozen=True)
-class RecipeReward:
-    episode: str
-    value: float
-    scope: str  # turn, agent, team, episode
-    agent: str | None
-    turn: int | None
-    term: str
-
-
-class Term(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def columns(self) -> tuple[str, ...]:  # span columns the term reads
-        ...
-
-    def __call__(self, spans: pa.Table) -> list[RecipeReward]: ...
-
-
-def _number(config: Mapping[str, Any], key: str, default: float, where: str) -> float:
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(float(value)):
-        raise RecipeError(f"{where}.{key}: expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _check_keys(config: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(config) - allowed - {"weight"})
-    if unknown:
-        known = sorted(allowed | {"weight"})
-        raise RecipeError(f"{where}: unknown key(s) {unknown}; known: {known}")
-
-
-@dataclass(frozen=True)
-class ToolFailure:
-    """An ``execute_tool`` span that ended in error: ``penalty`` to the agent that called the
-    tool (its turn when the span has one); a successful one: ``success`` (default 0)."""
-
-    penalty: float = -0.2
-    success: float = 0.0
-    weight: float = 1.0
-    name: str = "tool_failure"
-    columns: tuple[str, ...] = ("operation_name", "status_code", "agent_name", "turn_index")
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> ToolFailure:
-        _check_keys(config, {"penalty", "success"}, where)
-        return cls(_number(config, "penalty", -0.2, where), _number(config, "success", 0.0, where),
-                   _number(config, "weight", 1.0, where))
-
-    def __call__(self, spans: pa.Table) -> list[RecipeReward]:
-        tools = spans.filter(pc.fill_null(pc.equal(spans["operation_name"], sc.OP_EXECUTE_TOOL),
-                                          False))
-        out = []
-        for row in tools.select([EPISODE_KEY, "status_code", "agent_name", "turn_index"]
-                                ).to_pylist():
-            value = self.penalty if row["status_code"] == "ERROR" else self.success
-            if value == 0.0:
-                continue
-            agent, turn = row["agent_name"], row["turn_index"]
-            scope = (sc.RewardScope.TURN if agent is not None and turn is not None else
-                     sc.RewardScope.AGENT if agent is not None else sc.RewardScope.EPISODE)
-            out.append(RecipeReward(row[EPISODE_KEY], self.weight * value, scope, agent,
-                                    turn if scope == sc.RewardScope.TURN else None, self.name))
-        return out
-
+from agl_bridge.trainer.rewards.terms import Coordination, Cost, Dag, ToolFailure, Votes
+from agl_bridge.trainer.rewards.terms.base import (
+    EPISODE_KEY,
+    NO_EVALUATIONS,
+    Derived,
+    Evaluations,
+    RecipeError,
+    RecipeReward,
+    Term,
+    number,
+)
 
 # term name in the TOML -> how to build it from its table
 TERMS: dict[str, Callable[[Mapping[str, Any], str], Term]] = {
     "tool_failure": ToolFailure.from_config,
+    "votes": Votes.from_config,
+    "coordination": Coordination.from_config,
+    "dag": Dag.from_config,
+    "cost": Cost.from_config,
 }
 
 
@@ -133,18 +72,19 @@ class Recipe:
             seen.update(dict.fromkeys(t.columns))
         return tuple(seen)
 
-    def apply(self, spans: pa.Table) -> list[RecipeReward]:
-        """Every term's rewards for the span rows of one unit (with ``episode_key``)."""
-        out: list[RecipeReward] = []
+    def apply(self, spans: pa.Table, evaluations: Evaluations | None = None) -> Derived:
+        """Every term's rewards (and notes) for the span rows of one unit (with
+        ``episode_key``); ``evaluations``: those joined to the unit's episodes, by key."""
+        out = Derived()
         for term in self.terms:
-            out += term(spans)
+            out += term(spans, evaluations or NO_EVALUATIONS)
         return out
 
 
 def _weights(table: Any, where: str) -> dict[str, float]:
     if not isinstance(table, Mapping):
         raise RecipeError(f"{where}: expected a table of name = number")
-    return {str(k): _number(table, k, 0.0, where) for k in table}
+    return {str(k): number(table, k, 0.0, where) for k in table}
 
 
 def recipe_from_dict(config: Mapping[str, Any], source: str = "<recipe>") -> Recipe:
@@ -190,3 +130,7 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{p}: not valid TOML ({exc})") from None
     return recipe_from_dict(config, str(p))
+
+
+__all__ = ["EPISODE_KEY", "TERMS", "Derived", "Recipe", "RecipeError", "RecipeReward", "Term",
+           "load_recipe", "recipe_from_dict"]
