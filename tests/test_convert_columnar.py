@@ -191,3 +191,22 @@ def test_units_join_episodes_that_share_tasks():
     assert unit[0] == unit[1] == unit[2] == unit[5]  # e1-A-e2-B-e3, e6-A
     assert len({unit[0], unit[3], unit[4]}) == 3  # e4 (task C) and e5 (no task) alone
     assert _units(episodes, [], []).tolist() == list(range(6))
+
+
+def test_convert_never_imports_pandas(tmp_path):
+    """pyarrow imports pandas (half a second, ~40 MiB) on ``pa.scalar``, ``pa.array`` and
+    ``to_numpy``; the converter avoids them. A fresh process proves it, baselines included."""
+    import subprocess
+    import sys
+
+    (tmp_path / "spans").mkdir()
+    rows = tricky_rows(0) + tricky_rows(1)
+    pq.write_table(table(rows), tmp_path / "spans" / "a.parquet")
+    code = ("import sys\n"
+            "from agl_bridge.trainer.conversion import ConvertConfig, convert\n"
+            "for b in ('group', 'batch'):\n"
+            f"    convert({str(tmp_path / 'spans')!r}, {str(tmp_path)!r} + f'/t-{{b}}.parquet',\n"
+            "            ConvertConfig(baseline=b))\n"
+            "print('pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -15,9 +15,9 @@ The converter decides what the trainer learns from, so it is explicit about ever
 * **Bad input never stops the batch**: skips and notes are counted (``reasons.py`` spells
   them); unreadable files are named and skipped.
 
-Modules: ``config`` (ConvertConfig, ConversionStats), ``reasons``, ``columns`` and ``arrow``
-(what is read, and Arrow/numpy helpers), ``stages`` (the one implementation, table in, table
-out), ``turns``, ``reward_spans``, ``retokenize`` (ids rebuilt from messages, before the
+Modules: ``config`` (ConvertConfig, ConversionStats), ``reasons``, ``columns`` (what is
+read; Arrow/numpy helpers are ``agl_bridge.trainer.arrow``), ``stages`` (the one
+implementation, table in, table out), ``turns``, ``reward_spans``, ``retokenize`` (ids rebuilt from messages, before the
 stages), ``sources`` (files), ``streaming``, ``spill`` and ``memory`` (large inputs),
 ``engine`` (``convert``: the route an input needs). No torch anywhere here.
 """

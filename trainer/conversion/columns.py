@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agl_bridge.schema import REQUIRED_SPAN_COLUMNS, SPAN_SCHEMA
-from agl_bridge.trainer.conversion.arrow import arr, lit
+from agl_bridge.trainer.arrow import arr, lit
 
 COLUMNS = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", "episode_id",
            "task_id", "agent_name", "turn_index", "candidate_index", "coordination_round",

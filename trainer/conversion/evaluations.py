@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from agl_bridge import semconv as sc
-from agl_bridge.trainer.conversion.arrow import arr, to_numpy
+from agl_bridge.trainer.arrow import arr, to_numpy
 from agl_bridge.trainer.conversion.columns import episode_keys
 from agl_bridge.trainer.rewards.evaluations import (
     ANY,

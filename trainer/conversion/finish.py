@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from agl_bridge.parquet_io import temp_path, writer_options
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.conversion.arrow import codes, np_array, to_numpy
+from agl_bridge.trainer.arrow import codes, lit, np_array, to_numpy
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.rewards.baselines import GROUP, global_advantages
 
@@ -39,7 +40,7 @@ def _advantages(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats
     stats.global_groups += groups
     if not which.any():
         return None
-    out = to_numpy(table["advantage"].fill_null(0.0)).copy()
+    out = to_numpy(pc.fill_null(table["advantage"], lit(0.0))).copy()
     out[which] = adv[which]
     return out
 
@@ -57,7 +58,8 @@ def finish_table(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats) ->
 def finish_file(path: Path, cfg: ConvertConfig, stats: ConversionStats) -> None:
     if not _needed(stats):
         return
-    small = pq.read_table(path, columns=["group_id", "reward", "episode_id", "advantage"])
+    small = pq.ParquetFile(path).read(  # not read_table: pyarrow.dataset imports pandas
+        columns=["group_id", "reward", "episode_id", "advantage"])
     adv = _advantages(small, cfg, stats)
     if adv is None:
         return

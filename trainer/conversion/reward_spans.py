@@ -16,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 
 from agl_bridge import semconv as sc
+from agl_bridge.trainer.arrow import arr
 from agl_bridge.trainer.conversion import reasons
-from agl_bridge.trainer.conversion.arrow import arr
 from agl_bridge.trainer.conversion.columns import episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from agl_bridge.parquet_io import temp_path, writer_options
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.conversion.arrow import arr
+from agl_bridge.trainer.arrow import arr
 from agl_bridge.trainer.conversion.columns import episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats
 from agl_bridge.trainer.conversion.sources import read_tables, with_columns
@@ -36,7 +36,7 @@ def episode_tasks(files: Sequence[Path]) -> dict[str, str]:
     tasks: dict[str, str] = {}
     for path in files:
         try:
-            t = pq.read_table(path, columns=["episode_id", "trace_id", "task_id"])
+            t = pq.ParquetFile(path).read(columns=["episode_id", "trace_id", "task_id"])
             t = t.filter(pc.is_valid(t["task_id"]))
             keys = arr(episode_keys(t.cast(pa.schema([
                 pa.field("episode_id", pa.string()), pa.field("trace_id", pa.string()),
@@ -87,7 +87,7 @@ def _convert_buckets(spill: Path, buckets: list[int], out_path: Path, convert: C
     writer = pq.ParquetWriter(tmp, TRANSITION_SCHEMA, **writer_options(TRANSITION_SCHEMA))
     try:
         for n, b in enumerate(buckets, 1):
-            table, part = convert(pq.read_table(spill / f"{b}.parquet"))
+            table, part = convert(pq.ParquetFile(spill / f"{b}.parquet").read())
             stats.merge(part)
             writer.write_table(table)
             if progress:

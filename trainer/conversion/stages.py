@@ -32,8 +32,7 @@ import pyarrow.compute as pc
 
 from agl_bridge import semconv as sc
 from agl_bridge.schema import TRANSITION_SCHEMA, values_list
-from agl_bridge.trainer.conversion import reasons
-from agl_bridge.trainer.conversion.arrow import (
+from agl_bridge.trainer.arrow import (
     Lists,
     arr,
     codes,
@@ -48,6 +47,7 @@ from agl_bridge.trainer.conversion.arrow import (
     take_lists,
     to_numpy,
 )
+from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.columns import (
     RETOKENIZED,
     conform,

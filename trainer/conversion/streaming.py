@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 
 from agl_bridge.parquet_io import SchemaError, temp_path, writer_options
 from agl_bridge.schema import TRANSITION_SCHEMA
+from agl_bridge.trainer.arrow import arr, codes, lit, np_array, to_numpy
 from agl_bridge.trainer.conversion import reasons
-from agl_bridge.trainer.conversion.arrow import arr, codes, lit, np_array, to_numpy
 from agl_bridge.trainer.conversion.columns import conform, episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.conversion.memory import release_memory

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from agl_bridge.trainer.arrow import arr, note, np_array, to_numpy
 from agl_bridge.trainer.conversion import reasons
-from agl_bridge.trainer.conversion.arrow import arr, note, np_array, to_numpy
 
 
 def assign_turns(episode: pa.Array, calls: pa.Table, notes: Counter[str]) -> pa.Array:

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from agl_bridge.trainer.arrow import lit, np_array
 from agl_bridge.trainer.rewards.advantages import group_advantages
 from agl_bridge.trainer.rewards.credit import AdvantageUnit, Algorithm
 
@@ -66,7 +67,7 @@ def is_global(group_id: str) -> bool:
 
 
 def _lit(s: str) -> pa.Scalar:
-    return pa.scalar(s, pa.string())
+    return lit(s)  # not pa.scalar: it imports pandas
 
 
 def _suffix(agent: pa.Array, turn: pa.Array, *, per_agent: bool) -> pa.Array:
@@ -123,7 +124,7 @@ def choose(baselines: Sequence[str], candidates: Sequence[pa.Array],
         if baselines[i] == GROUP and i < len(baselines) - 1:
             valid = valid & (group_sizes >= 2)
         if valid.any():
-            out = pc.if_else(pa.array(valid, pa.bool_()), candidates[i], out)
+            out = pc.if_else(np_array(np.asarray(valid, bool)), candidates[i], out)
             chosen = np.where(valid, i, chosen)
     return out, chosen
 

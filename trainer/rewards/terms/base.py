@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agl_bridge import semconv as sc
+from agl_bridge.trainer.arrow import lit
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
 
 EPISODE_KEY = "episode_key"  # the column the converter adds: each row's episode key
@@ -138,9 +139,9 @@ def local_rewards(episodes: pa.Array, values: np.ndarray, agents: pa.Array, turn
     agents, turns, episodes = agents.filter(mask), turns.filter(mask), episodes.filter(mask)
     has_agent = pc.is_valid(agents)
     has_turn = pc.and_(has_agent, pc.is_valid(turns))
-    scopes = pc.if_else(has_turn, sc.RewardScope.TURN, pc.if_else(
-        has_agent, sc.RewardScope.AGENT, sc.RewardScope.EPISODE))
-    turns = pc.if_else(has_turn, turns, pa.scalar(None, turns.type))
+    scopes = pc.if_else(has_turn, lit(sc.RewardScope.TURN), pc.if_else(
+        has_agent, lit(sc.RewardScope.AGENT), lit(sc.RewardScope.EPISODE)))
+    turns = pc.if_else(has_turn, turns, pa.nulls(1, turns.type)[0])
     return list(map(RecipeReward._make, zip(
         episodes.to_pylist(), values[keep].tolist(), scopes.to_pylist(), agents.to_pylist(),
         turns.to_pylist(), repeat(term))))

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agl_bridge import semconv as sc
+from agl_bridge.trainer.arrow import lit, to_numpy
 
 TOKENS = ("input+output", "input", "output")  # which tokens a term counts
 
@@ -62,8 +63,8 @@ def _json_int(text: pa.ChunkedArray | pa.Array, key: str) -> np.ndarray:
     absent). A key spelled inside a string value is escaped there, so it never matches."""
     pattern = r'[{,]\s*"' + key.replace(".", r"\.") + r'"\s*:\s*(?P<n>\d+)[,}\s]'
     found = pc.extract_regex(text, pattern)
-    digits = pc.if_else(pc.is_valid(found), pc.struct_field(found, [0]), pa.scalar("-1"))
-    return np.asarray(pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False))
+    digits = pc.if_else(pc.is_valid(found), pc.struct_field(found, [0]), lit("-1"))
+    return to_numpy(pc.cast(digits, pa.int64()))  # not .to_numpy(): it imports pandas
 
 
 def call_tokens(spans: pa.Table, which: str, mask: pa.Array | None = None) -> np.ndarray:

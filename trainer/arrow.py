@@ -1,4 +1,4 @@
-"""Arrow <-> numpy without a Python object per value, for the converter's stages.
+"""Arrow <-> numpy without a Python object per value, shared by the converter and the reward rules.
 
 Arrow arrays are built from numpy buffers and back (``np_array``, ``to_numpy``, ``lit``), never
 through ``pa.array``, ``pa.scalar`` or ``Array.to_numpy``: those import pandas when it is
@@ -61,7 +61,7 @@ def to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(buf, dtype)[a.offset:a.offset + len(a)]
 
 
-def lit(value: str | bool | int, typ: pa.DataType | None = None) -> pa.Scalar:
+def lit(value: str | bool | int | float, typ: pa.DataType | None = None) -> pa.Scalar:
     """A Python value as an Arrow scalar for compute functions (which would otherwise convert
     it with ``pa.scalar``, importing pandas when installed)."""
     if isinstance(value, str):
@@ -74,6 +74,8 @@ def lit(value: str | bool | int, typ: pa.DataType | None = None) -> pa.Scalar:
     if isinstance(value, int):
         return np_array(np.array([value], typ.to_pandas_dtype() if typ is not None
                                  else np.int64))[0]
+    if isinstance(value, float):
+        return np_array(np.array([value], np.float64))[0]
     raise TypeError(f"lit: {type(value).__name__}")
 
 
