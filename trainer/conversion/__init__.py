@@ -18,8 +18,9 @@ The converter decides what the trainer learns from, so it is explicit about ever
 Modules: ``config`` (ConvertConfig, ConversionStats), ``reasons``, ``columns`` (what is
 read; Arrow/numpy helpers are ``agl_bridge.trainer.arrow``), ``stages`` (the one
 implementation, table in, table out), ``turns``, ``reward_spans``, ``retokenize`` (ids
-rebuilt from messages, before the stages), ``sources`` (files), ``streaming``, ``spill`` and ``memory`` (large inputs),
-``engine`` (``convert``: the route an input needs). No torch anywhere here.
+rebuilt from messages, before the stages), ``sources`` (files), ``streaming``, ``spill`` and
+``memory`` (large inputs), ``engine`` (``convert``: the route an input needs). No torch
+anywhere here.
 """
 
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
