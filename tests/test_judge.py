@@ -50,7 +50,7 @@ def test_the_rubric_digest_follows_text_and_scale():
     ("   \n", False, "the instructions are empty"),
 ])
 def test_bad_rubrics_are_refused_by_name(text, toml, message):
-    with pytest.raises(j.RubricError, match="rubric r.toml: ") as info:
+    with pytest.raises(j.RubricError, match=r"rubric r\.toml: ") as info:
         j.parse_rubric(text, source="r.toml", toml=toml, default_name="r")
     assert message in str(info.value)
 

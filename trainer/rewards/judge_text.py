@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agl_bridge import semconv as sc
+
 Decode = Callable[[Sequence[int], bool], str]  # (ids, is_prompt) -> text
 
 
@@ -116,9 +118,9 @@ def episode_blocks(calls: Sequence[Call], decode: Decode | None) -> tuple[str, .
         who = _who(call.agent)
         if call.has_messages:
             inputs = message_lines(call.inputs if call.inputs is not None else [], call.agent,
-                                   call.span, "gen_ai.input.messages")
+                                   call.span, sc.GEN_AI_INPUT_MESSAGES)
             outputs = (message_lines(call.outputs, call.agent, call.span,
-                                     "gen_ai.output.messages")[:1]
+                                     sc.GEN_AI_OUTPUT_MESSAGES)[:1]
                        if call.outputs is not None else [])
             before = seen_lines.get(call.agent, [])
             out += inputs[_common(before, inputs):]
