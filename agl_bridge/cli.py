@@ -253,14 +253,25 @@ def _feedback(args: argparse.Namespace) -> int:
 
 
 def _judge(args: argparse.Namespace) -> int:
+    import json
+
     from agl_bridge.trainer.judging import judge_spans
 
+    extra = None
+    if args.extra_body:
+        try:
+            extra = json.loads(args.extra_body)
+        except ValueError:
+            extra = None
+        if not isinstance(extra, dict):
+            raise ValueError(f"--extra-body {args.extra_body!r}: expected a JSON object")
     summary = judge_spans(args.spans, args.rubric, base_url=args.base_url, model=args.model,
                           mode=args.mode, tokenizer=args.tokenizer,
                           concurrency=args.concurrency, retries=args.retries,
                           max_episodes=args.max_episodes, timeout_s=args.timeout,
                           temperature=args.temperature, max_tokens=args.max_tokens,
-                          structured=args.structured, progress=not args.quiet)
+                          structured=args.structured, extra_body=extra,
+                          progress=not args.quiet)
     for problem in summary.problems[:50]:
         print(f"agl-bridge judge: {problem}", file=sys.stderr)
     if len(summary.problems) > 50:
@@ -490,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per answer (default 400; relative: 150 + 100 per episode)")
     j.add_argument("--structured", action="store_true",
                    help="ask for the verdict's JSON schema as response_format (vLLM, OpenAI)")
+    j.add_argument("--extra-body", metavar="JSON",
+                   help="more request fields, merged into every request (e.g. vLLM's "
+                        "'{\"structured_outputs\": {\"regex\": \"...\"}}')")
     j.add_argument("--quiet", action="store_true", help="no progress bar")
     j.set_defaults(func=_judge)
 

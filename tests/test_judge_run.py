@@ -336,6 +336,19 @@ def test_requests_run_concurrently_with_a_progress_bar_and_max_episodes(tmp_path
     assert "judging: 100%" in capsys.readouterr().err
 
 
+def test_structured_outputs_and_extra_fields_reach_the_server(tmp_path):
+    spans = store(tmp_path, {"e1": ("t1", "5"), "e2": ("t1", "6")})
+    with ScriptedServer(script=relative_script) as server:
+        summary = judge(spans, server, mode="relative", structured=True,
+                        extra_body={"top_k": 5, "max_tokens": 77})
+        (body,) = server.requests
+    assert summary.scored == 2
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert body["response_format"]["type"] == "json_schema"
+    assert schema["properties"]["scores"]["maxItems"] == 2
+    assert body["top_k"] == 5 and body["max_tokens"] == 77  # extra fields win over ours
+
+
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
 
 
@@ -392,6 +405,9 @@ def test_cli_errors_name_the_file_and_exit_codes_say_what_happened(tmp_path):
     out = agl("judge", tmp_path / "absent", "--rubric", bad, "--base-url", "http://x/v1",
               "--model", "m")
     assert out.returncode == 2 and "not a span directory" in out.stderr
+    out = agl("judge", spans, "--rubric", bad, "--base-url", "http://x/v1", "--model", "m",
+              "--extra-body", "[1]")
+    assert out.returncode == 2 and "--extra-body '[1]': expected a JSON object" in out.stderr
     text = tmp_path / "right-sum.txt"
     text.write_text("Is the final answer the right sum?")
 

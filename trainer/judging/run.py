@@ -138,6 +138,7 @@ class _Settings:
     api_key: str | None
     structured: bool
     max_episode_chars: int
+    extra_body: dict[str, Any] | None = None
 
 
 def _body(s: _Settings, unit: Unit, temperature: float) -> dict[str, Any]:
@@ -152,6 +153,8 @@ def _body(s: _Settings, unit: Unit, temperature: float) -> dict[str, Any]:
     if s.structured:
         body["response_format"] = {"type": "json_schema", "json_schema": {
             "name": "verdict", "strict": True, "schema": verdict_schema(s.mode, s.rubric, n)}}
+    if s.extra_body:
+        body.update(s.extra_body)
     return body
 
 
@@ -250,6 +253,7 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
                 temperature: float = 0.0, max_tokens: int | None = None,
                 api_key: str | None = None, structured: bool = False,
                 max_episode_chars: int = DEFAULT_MAX_EPISODE_CHARS,
+                extra_body: dict[str, Any] | None = None,
                 progress: bool = True) -> JudgeSummary:
     """Judge the episodes of the span directory ``spans`` and write the scores into it.
 
@@ -257,7 +261,10 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
     (``http://host:port/v1``); ``model``: the name it serves the judge under. ``tokenizer``:
     the served model's tokenizer directory, for episodes captured with token ids only.
     ``structured``: ask for the verdict's JSON schema as ``response_format`` (servers that
-    support structured outputs, e.g. vLLM and OpenAI). ``api_key`` defaults to
+    support structured outputs, e.g. vLLM and OpenAI). ``extra_body``: more request fields,
+    merged into every request over ours (e.g. vLLM's ``{"structured_outputs": {"regex":
+    ...}}``, ``top_k``); neither it nor ``structured`` is part of the cache key (they shape
+    how the verdict is written, not what is asked). ``api_key`` defaults to
     ``$OPENAI_API_KEY``. Raises on unusable arguments; everything else is in the summary.
     """
     if mode not in MODES:
@@ -274,7 +281,7 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
     rubric = rubric if isinstance(rubric, Rubric) else load_rubric(rubric)
     settings = _Settings(base_url, model, mode, rubric, retries, timeout_s, temperature,
                          max_tokens, api_key or os.environ.get("OPENAI_API_KEY"), structured,
-                         max_episode_chars)
+                         max_episode_chars, dict(extra_body) if extra_body else None)
     summary = JudgeSummary(mode=mode, model=model, rubric=rubric.evaluation_name)
     episodes = read_episodes(directory, tokenizer_decoder(tokenizer) if tokenizer else None)
     summary.problems += episodes.problems
