@@ -118,7 +118,9 @@ def test_the_absolute_prompt_holds_rubric_scale_and_episode():
     assert system["role"] == "system" and user["role"] == "user"
     assert "Is the final sum right?" in system["content"] and "from 0 to 10" in system["content"]
     assert '"score"' in system["content"]
-    assert user["content"] == "<episode>\n[a] user: hi\n[a] assistant: hello\n</episode>"
+    assert user["content"].startswith("<episode>\n[a] user: hi\n[a] assistant: hello\n"
+                                      "</episode>\n\nScore this episode. Answer with one JSON")
+    assert user["content"].endswith('"score": <a number from 0 to 10>}')  # the format, last
 
 
 def test_long_episodes_keep_their_start_and_end():
@@ -130,8 +132,8 @@ def test_long_episodes_keep_their_start_and_end():
 
 def test_the_relative_prompt_shows_the_shared_task_once_and_numbers_the_episodes():
     task = ("[a] system: Add.", "[a] user: 2+3?")
-    group = [ep("x", blocks=task + ("[a] assistant: 5",)),
-             ep("y", blocks=task + ("[a] assistant: 6",)), ep("z", blocks=task)]
+    group = [ep("run-alpha", blocks=task + ("[a] assistant: 5",)),
+             ep("run-beta", blocks=task + ("[a] assistant: 6",)), ep("run-gamma", blocks=task)]
     assert j.common_prefix(group) == 2
     system, user = j.relative_messages(RUBRIC, group)
     assert "All 3 episodes" in system["content"] and "from 1 to 3" in system["content"]
@@ -142,7 +144,8 @@ def test_the_relative_prompt_shows_the_shared_task_once_and_numbers_the_episodes
     assert '<episode id="1">\n[a] assistant: 5\n</episode>' in body
     assert '<episode id="2">\n[a] assistant: 6\n</episode>' in body
     assert '<episode id="3">\n(nothing beyond the shared context)\n</episode>' in body
-    assert "x" not in body.replace("context", "")  # real ids never reach the judge
+    assert body.endswith('"score": <a number from 0 to 1>}, ...]}')  # the format, last
+    assert "run-" not in body + system["content"]  # real ids never reach the judge
     same = [ep("x"), ep("y")]
     assert j.common_prefix(same) == 0 and "<context" not in j.relative_messages(
         RUBRIC, same)[1]["content"]

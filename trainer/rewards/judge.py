@@ -229,6 +229,16 @@ def shorten(text: str, max_chars: int) -> str:
     return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[len(text) - tail:]}"
 
 
+_ABSOLUTE_FORMAT = ('Answer with one JSON object and nothing else: {{"explanation": "<one or '
+                    'two sentences>", "score": <a number from {scale}>}}')
+
+
+def _relative_format(n: int, rubric: Rubric) -> str:
+    return (f"Answer with one JSON object and nothing else, with one entry for each episode id "
+            f'from 1 to {n}: {{"scores": [{{"id": 1, "explanation": "<one sentence>", "score": '
+            f"<a number from {rubric.scale_text()}>}}, ...]}}")
+
+
 _READING = ("An episode is the record of one or more AI agents working on one task: the "
             "messages each agent received and what it answered, in time order. Each line starts "
             "with the agent's name in brackets, then the message's role.")
@@ -237,16 +247,16 @@ _READING = ("An episode is the record of one or more AI agents working on one ta
 def absolute_messages(rubric: Rubric, episode: EpisodeText, *,
                       max_chars: int = DEFAULT_MAX_EPISODE_CHARS) -> list[dict[str, str]]:
     """The chat messages of an absolute request: the rubric as the system message, the
-    episode as the user message."""
+    episode as the user message, and the answer's format again at its end (small judges
+    follow the last instruction they read)."""
     system = (
         f"You are a careful, strict judge of AI agent episodes. {_READING}\n\n"
         f"Score the episode against the rubric below on a scale from {rubric.scale_text()} "
         f"({_num(rubric.high)} is best).\n\n"
         f"Rubric ({rubric.name}):\n{rubric.instructions}\n\n"
-        f"Answer with one JSON object and nothing else:\n"
-        f'{{"explanation": "<one or two sentences>", "score": <a number from '
-        f'{rubric.scale_text()}>}}')
-    user = f"<episode>\n{shorten(episode.text, max_chars)}\n</episode>"
+        f"{_ABSOLUTE_FORMAT.format(scale=rubric.scale_text())}")
+    user = (f"<episode>\n{shorten(episode.text, max_chars)}\n</episode>\n\n"
+            f"Score this episode. {_ABSOLUTE_FORMAT.format(scale=rubric.scale_text())}")
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
@@ -276,10 +286,7 @@ def relative_messages(rubric: Rubric, episodes: Sequence[EpisodeText], *,
         f"({_num(rubric.high)} is best) on one common scale: a clearly better episode gets a "
         f"clearly higher score, a slightly better one a slightly higher score.\n\n"
         f"Rubric ({rubric.name}):\n{rubric.instructions}\n\n"
-        f"Answer with one JSON object and nothing else, with one entry for each episode id "
-        f"from 1 to {n}:\n"
-        f'{{"scores": [{{"id": 1, "explanation": "<one sentence>", "score": <a number from '
-        f'{rubric.scale_text()}>}}, ...]}}')
+        f"{_relative_format(n, rubric)}")
     shared = common_prefix(episodes)
     parts = []
     if shared:
@@ -289,6 +296,8 @@ def relative_messages(rubric: Rubric, episodes: Sequence[EpisodeText], *,
     for i, e in enumerate(episodes, start=1):
         body = "\n".join(e.blocks[shared:]) or "(nothing beyond the shared context)"
         parts.append(f'<episode id="{i}">\n{shorten(body, max_chars)}\n</episode>')
+    # the format again, last: small judges follow the last instruction they read
+    parts.append(f"Score these {n} episodes. {_relative_format(n, rubric)}")
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
