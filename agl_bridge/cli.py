@@ -12,6 +12,7 @@
     agl-bridge import FILES_OR_DIRS --out DIR       OTLP/JSON Collector files -> span Parquet
     agl-bridge recover DIR                          write-ahead logs of dead writers -> Parquet
     agl-bridge feedback FILE --out DIR              scores that arrived later -> span Parquet
+    agl-bridge judge SPANS --rubric F --base-url U --model M   LLM judge scores -> evaluations
 
 Training imports torch only when ``train`` runs, so the capture install can use ``convert``.
 """
@@ -245,6 +246,48 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("sources", nargs="+", metavar="FILE_OR_DIR")
     f.add_argument("--out", required=True, help="the span Parquet directory to add them to")
     f.set_defaults(func=commands.feedback)
+
+    j = sub.add_parser("judge", help="score episodes with an LLM judge (any OpenAI-compatible "
+                                     "server); scores become evaluations in the span store",
+                       description="Score the episodes of a span directory against a rubric "
+                                   "with an LLM judge and write the scores into it as "
+                                   "evaluations named judge:<rubric name> (conversion turns "
+                                   "them into rewards). Verdicts are cached in "
+                                   "SPANS_DIR/_judge/: a second run asks nothing. Exit status "
+                                   "1 if an episode could not be scored or the input had "
+                                   "problems (all named). See docs/judges.md.")
+    j.add_argument("spans", metavar="SPANS_DIR", help="a span Parquet directory")
+    j.add_argument("--rubric", required=True, metavar="FILE",
+                   help="TOML (name, instructions, scale = [low, high]) or plain text")
+    j.add_argument("--base-url", required=True, metavar="URL",
+                   help="the judge's OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 "
+                        "(API key: $OPENAI_API_KEY)")
+    j.add_argument("--model", required=True, metavar="NAME", help="the judge model's name there")
+    j.add_argument("--mode", choices=["absolute", "relative"], default="absolute",
+                   help="absolute: each episode alone; relative: the episodes of one task "
+                        "together, on one scale (RULER-style)")
+    j.add_argument("--tokenizer", metavar="DIR",
+                   help="the served model's tokenizer, to read episodes captured with token "
+                        "ids only")
+    j.add_argument("--concurrency", type=_positive_int, default=4,
+                   help="requests in flight (default 4)")
+    j.add_argument("--retries", type=int, default=2,
+                   help="asks again after an unparsable verdict or a transient error "
+                        "(default 2)")
+    j.add_argument("--max-episodes", type=_positive_int, metavar="N",
+                   help="judge at most N episodes (relative mode never splits a group)")
+    j.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    j.add_argument("--temperature", type=float, default=0.0,
+                   help="the first ask's temperature (retries use at least 0.7)")
+    j.add_argument("--max-tokens", type=_positive_int,
+                   help="per answer (default 400; relative: 150 + 100 per episode)")
+    j.add_argument("--structured", action="store_true",
+                   help="ask for the verdict's JSON schema as response_format (vLLM, OpenAI)")
+    j.add_argument("--extra-body", metavar="JSON",
+                   help="more request fields, merged into every request (e.g. vLLM's "
+                        "'{\"structured_outputs\": {\"regex\": \"...\"}}')")
+    j.add_argument("--quiet", action="store_true", help="no progress bar")
+    j.set_defaults(func=commands.judge)
 
     v = sub.add_parser("recover", help="turn write-ahead logs left by dead writers into Parquet")
     v.add_argument("directory", help="a span Parquet directory (the one holding _wal/)")

@@ -353,3 +353,32 @@ def report(args: argparse.Namespace) -> int:
           f"skipped")
     print(f"wrote {html_path} (and the panels as PNG beside it)")
     return 0
+
+
+def judge(args: argparse.Namespace) -> int:
+    import json
+
+    from agl_bridge.trainer.judging import judge_spans
+
+    extra = None
+    if args.extra_body:
+        try:
+            extra = json.loads(args.extra_body)
+        except ValueError:
+            extra = None
+        if not isinstance(extra, dict):
+            raise ValueError(f"--extra-body {args.extra_body!r}: expected a JSON object")
+    summary = judge_spans(args.spans, args.rubric, base_url=args.base_url, model=args.model,
+                          mode=args.mode, tokenizer=args.tokenizer,
+                          concurrency=args.concurrency, retries=args.retries,
+                          max_episodes=args.max_episodes, timeout_s=args.timeout,
+                          temperature=args.temperature, max_tokens=args.max_tokens,
+                          structured=args.structured, extra_body=extra,
+                          progress=not args.quiet)
+    for problem in summary.problems[:50]:
+        print(f"agl-bridge judge: {problem}", file=sys.stderr)
+    if len(summary.problems) > 50:
+        print(f"agl-bridge judge: ... and {len(summary.problems) - 50} more problem(s)",
+              file=sys.stderr)
+    print(summary.summary())
+    return 1 if summary.failed or summary.problems else 0

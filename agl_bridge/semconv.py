@@ -126,6 +126,12 @@ TARGET_RESPONSE: Final = "response"
 # kept at the messages capture level only)
 EVENT_SPAN_KIND: Final = "EVENT"
 LOG_BODY: Final = "agl_bridge.log.body"
+# LLM judges (agl-bridge judge): their scores are evaluations named judge:<rubric name>, kind
+# judge, and say which model, rubric (sha256 of its text and scale) and mode gave them
+JUDGE_EVALUATION_PREFIX: Final = "judge:"
+JUDGE_MODEL: Final = "agl_bridge.judge.model"
+JUDGE_RUBRIC_SHA256: Final = "agl_bridge.judge.rubric_sha256"
+JUDGE_MODE: Final = "agl_bridge.judge.mode"  # absolute | relative
 
 # Coordination (votes, answers, restarts, rounds) for voting/debating orchestrators
 VOTE_VOTER: Final = "agl_bridge.vote.voter"
