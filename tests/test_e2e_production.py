@@ -30,4 +30,8 @@ def test_production_demo_learns_from_later_feedback_only(tmp_path):
     assert data["baseline"]["policy"] == {"solver": "base", "checker": "base"}
     assert data["final"]["after_rounds"] == len(rounds)
     assert sum(v["requests"] for v in data["served"]) == len(served)
+    # the service was stopped while each round trained: it answered nothing then
+    pauses = data["service_paused"]
+    assert len(pauses) == len(rounds) and all(b > a for a, b in pauses)
+    assert not [r for r in served for a, b in pauses if a + 0.5 < r["time"] < b]
     assert (work / "report.html").exists() and "round 1" in (work / "summary.txt").read_text()

@@ -33,8 +33,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,10 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     prod.add_argument("--min-episodes", type=int, default=64,
                       help="rewarded episodes a round waits for")
     prod.add_argument("--concurrency", type=int, default=4, help="requests served at once")
+    prod.add_argument("--keep-serving-while-training", action="store_true",
+                      help="by default the service pauses while a round trains: on 2 shared "
+                           "cores, vLLM's busy threads and training's slow each other down "
+                           "many times over (production trains on other machines)")
     prod.add_argument("--rate", type=float, default=1.0,
                       help="requests per second reaching the service (it shares the 2 cores "
                            "with training: default 1)")
@@ -233,7 +239,7 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "agl_bridge.trainer.loop.teams.arith_service", "--log",
              str(served), "--exclude", str(work / "eval-tasks.jsonl"), "--minutes",
-             str(args.minutes + 10), "--concurrency", str(args.concurrency), "--rate",
+             str(args.minutes * 4 + 30), "--concurrency", str(args.concurrency), "--rate",
              str(args.rate), "--temperature", str(args.temperature), "--max-tokens",
              str(args.max_tokens), "--reward", task,
              "--seed", str(args.seed)],
@@ -254,7 +260,10 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
             gate_tasks=str(work / "gate-tasks.jsonl"), eval_rollouts=args.eval_rollouts,
             eval_temperature=args.eval_temperature, gate=args.gate, rounds=args.rounds,
             minutes=args.minutes, watch_episodes=args.min_episodes)
-        loop = Loop(cfg, fresh=args.fresh, hooks={"evaluated": _evaluated_hook})
+        hooks: dict[str, Any] = {"evaluated": _evaluated_hook}
+        if not args.keep_serving_while_training:
+            hooks.update(_pausing(procs[0]))
+        loop = Loop(cfg, fresh=args.fresh, hooks=hooks)
         loop.data["demo"] = demo
         loop.state.save()
         data = loop.run()
@@ -270,6 +279,32 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
     data["served"] = served_by_version(work / "served.jsonl", data.get("events", []))
     loop.state.save()
     return finish(work, data)
+
+
+def _pausing(service: Any) -> dict[str, Any]:
+    """Hooks that stop the service process (SIGSTOP) while a round trains and let it go on
+    after (SIGCONT): requests in flight wait; nothing is lost."""
+    import signal
+
+    def send(sig: int) -> None:
+        if service.poll() is None:
+            try:
+                os.kill(service.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(loop: Loop) -> None:
+        log("pausing the service while the round trains")
+        send(signal.SIGSTOP)
+        loop.data.setdefault("service_paused", []).append([time.time(), None])
+
+    def go_on(loop: Loop) -> None:
+        send(signal.SIGCONT)
+        paused = loop.data.get("service_paused") or [[None, None]]
+        paused[-1][1] = time.time()
+        log("the service goes on")
+
+    return {"before_train": stop, "after_train": go_on}
 
 
 def served_by_version(log_path: Path, events: list[dict]) -> list[dict]:

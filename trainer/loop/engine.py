@@ -94,7 +94,9 @@ class Loop:
         self.cfg = cfg.check()
         self.work = cfg.work
         self.state = LoopState(self.work, cfg.settings(), fresh)
-        self.hooks = hooks or {}  # the demo's: what it records per round and evaluation
+        # the demo's: what it records per round and evaluation, and what it pauses while
+        # training (before_train / after_train)
+        self.hooks = hooks or {}
         self.data = self.state.data
         self.data.setdefault("live", {a: BASE for a in cfg.agents})
         self.data.setdefault("evals", {})  # version key -> task -> score
@@ -200,7 +202,13 @@ class Loop:
         sources = self._collect(r, rdir, record)
         if sources is None:
             return False
-        trained = self._train(r, rdir, sources, record)
+        if "before_train" in self.hooks:
+            self.hooks["before_train"](self)
+        try:
+            trained = self._train(r, rdir, sources, record)
+        finally:
+            if "after_train" in self.hooks:
+                self.hooks["after_train"](self)
         if trained is not None:
             self._watch(record, Path(trained["transitions_path"]))
             decision = self._gate(r, rdir, trained["adapters"], record)
