@@ -334,6 +334,19 @@ def test_requests_run_concurrently_with_a_progress_bar_and_max_episodes(tmp_path
     assert summary.episodes == 6 and summary.scored == 6
     assert 1 < peak[0] <= 3
     assert "judging: 100%" in capsys.readouterr().err
+    with ScriptedServer(script=lambda body: ('{"score": 1}', [])) as server:
+        again = judge(spans, server, max_episodes=6, progress=False)  # the next ones
+        assert len(server.requests) == 2
+    assert again.cached == 6 and again.scored == 2 and again.episodes == 8
+
+
+def test_episode_ids_limit_what_is_judged(tmp_path):
+    spans = store(tmp_path, {f"e{i}": ("t1", "5") for i in range(5)})
+    with ScriptedServer(script=lambda body: ('{"score": 1}', [])) as server:
+        summary = judge(spans, server, episode_ids={"e1", "e3", "unknown"}, progress=False)
+        assert len(server.requests) == 2
+    assert summary.scored == 2 and summary.episodes == 2 and not summary.failed
+    assert {r["evaluation_target"] for r in evaluation_rows(spans)} == {"episode:e1", "episode:e3"}
 
 
 def test_structured_outputs_and_extra_fields_reach_the_server(tmp_path):

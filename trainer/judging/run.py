@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -254,6 +254,7 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
                 api_key: str | None = None, structured: bool = False,
                 max_episode_chars: int = DEFAULT_MAX_EPISODE_CHARS,
                 extra_body: dict[str, Any] | None = None,
+                episode_ids: Collection[str] | None = None,
                 progress: bool = True) -> JudgeSummary:
     """Judge the episodes of the span directory ``spans`` and write the scores into it.
 
@@ -265,7 +266,11 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
     merged into every request over ours (e.g. vLLM's ``{"structured_outputs": {"regex":
     ...}}``, ``top_k``); neither it nor ``structured`` is part of the cache key (they shape
     how the verdict is written, not what is asked). ``api_key`` defaults to
-    ``$OPENAI_API_KEY``. Raises on unusable arguments; everything else is in the summary.
+    ``$OPENAI_API_KEY``. ``max_episodes``: ask about at most this many episodes not judged
+    before, the earliest first (so each run with it judges the next ones). ``episode_ids``:
+    judge only these episodes (the loop passes the ones that arrived since its last round);
+    the rest of the directory is still read, so an episode split across files is whole.
+    Raises on unusable arguments; everything else is in the summary.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -289,17 +294,23 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
     summary.unreadable = len(episodes.failed)
     cache = JudgeCache(directory)
     summary.problems += cache.problems
-    units = limit_units(units_for(mode, episodes.texts), max_episodes)
-    summary.episodes = sum(len(u.episodes) for u in units)
-    pending: list[tuple[str, Unit]] = []
-    for unit in units:
+    texts = episodes.texts
+    if episode_ids is not None:
+        wanted = set(episode_ids)
+        texts = [e for e in texts if e.episode in wanted]
+    uncached: list[Unit] = []
+    keys: dict[str, str] = {}
+    for unit in units_for(mode, texts):
         if mode == RELATIVE:
             unit = Unit(unit.key, tuple(prompt_order(unit.episodes)))
         key = cache_key(mode, model, rubric, unit.episodes, max_episode_chars)
         if cache.get(key) is not None:
             summary.cached += len(unit.episodes)
         else:
-            pending.append((key, unit))
+            uncached.append(unit)
+            keys[unit.key] = key
+    pending = [(keys[u.key], u) for u in limit_units(uncached, max_episodes)]
+    summary.episodes = summary.cached + sum(len(u.episodes) for _, u in pending)
     bar = _Progress(len(pending), "episode" if mode == ABSOLUTE else "group", progress)
     try:
         with _pool(min(concurrency, max(1, len(pending)))) as pool:
