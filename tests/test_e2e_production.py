@@ -13,7 +13,9 @@ pytestmark = pytest.mark.e2e
 
 def test_production_demo_learns_from_later_feedback_only(tmp_path):
     work = tmp_path / "prod"
-    data = demo.main(["--workdir", str(work), "--model", "tiny", "--production",
+    (work / "round00").mkdir(parents=True)
+    (work / "state.json").write_text('{"left": "by an earlier run"}')  # --fresh discards it
+    data = demo.main(["--workdir", str(work), "--model", "tiny", "--production", "--fresh",
                       "--rounds", "2", "--minutes", "12", "--eval-tasks", "8",
                       "--gate-tasks", "8", "--min-episodes", "12", "--concurrency", "4",
                       "--learning-rate", "2e-2", "--batch-size", "8"])

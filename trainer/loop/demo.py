@@ -164,6 +164,10 @@ def run(args: argparse.Namespace) -> dict:
     task = args.task or ("add" if args.model == "smollm2" else "lower")
     demo["task"] = task
     work = Path(args.workdir).resolve()
+    if args.fresh and work.exists():  # now, before this run writes its task files there
+        import shutil
+
+        shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     if args.model == "smollm2":
         from agl_bridge.trainer.models.smollm2 import smollm2_instruct
@@ -195,7 +199,7 @@ def run(args: argparse.Namespace) -> dict:
         gate_tasks=str(work / "gate-tasks.jsonl"), eval_rollouts=args.eval_rollouts,
         eval_temperature=args.eval_temperature, gate=args.gate, rounds=args.rounds,
         minutes=args.minutes, watch_episodes=args.tasks_per_round * args.rollouts)
-    loop = Loop(cfg, fresh=args.fresh, hooks={"round": _round_hook,
+    loop = Loop(cfg, hooks={"round": _round_hook,
                                               "evaluated": _evaluated_hook,
                                               "evaluation": _evaluation_hook})
     loop.data["demo"] = demo
@@ -263,7 +267,7 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
         hooks: dict[str, Any] = {"evaluated": _evaluated_hook}
         if not args.keep_serving_while_training:
             hooks.update(_pausing(procs[0]))
-        loop = Loop(cfg, fresh=args.fresh, hooks=hooks)
+        loop = Loop(cfg, hooks=hooks)
         loop.data["demo"] = demo
         loop.state.save()
         data = loop.run()
