@@ -133,6 +133,10 @@ JUDGE_MODEL: Final = "agl_bridge.judge.model"
 JUDGE_RUBRIC_SHA256: Final = "agl_bridge.judge.rubric_sha256"
 JUDGE_MODE: Final = "agl_bridge.judge.mode"  # absolute | relative
 
+# The demo service's own request attribute (an application's, as a user's service would set
+# one): the kind of an addition, for the key:ATTRIBUTE advantage baseline
+DEMO_REQUEST_KIND: Final = "demo.request_kind"
+
 # Coordination (votes, answers, restarts, rounds) for voting/debating orchestrators
 VOTE_VOTER: Final = "agl_bridge.vote.voter"
 VOTE_TARGET: Final = "agl_bridge.vote.target"

@@ -1,12 +1,14 @@
 """The production demo end to end on vLLM with the tiny model: the team serves requests that
 never repeat and carry no reward, simulated users send feedback later from their own process,
-the loop trains on the live traces with the batch baseline, gates and publishes."""
+an LLM judge (the base model on the same vLLM) scores episodes that got none, the loop trains
+on the live traces with the batch baseline, gates and publishes."""
 
 import json
 
 import pytest
 
 from agl_bridge.trainer.loop import demo
+from tests.test_judge_run import all_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -18,15 +20,24 @@ def test_production_demo_learns_from_later_feedback_only(tmp_path):
     data = demo.main(["--workdir", str(work), "--model", "tiny", "--production", "--fresh",
                       "--rounds", "2", "--minutes", "12", "--eval-tasks", "8",
                       "--gate-tasks", "8", "--min-episodes", "12", "--concurrency", "4",
-                      "--learning-rate", "2e-2", "--batch-size", "8"])
+                      "--learning-rate", "2e-2", "--batch-size", "8", "--rewards-from", "both",
+                      "--judge-max-episodes", "8"])
     served = [json.loads(line) for line in (work / "served.jsonl").read_text().splitlines()]
     assert len({(r["a"], r["b"]) for r in served}) == len(served) > 20  # never repeated
     held = {(t["a"], t["b"]) for t in map(json.loads, (work / "eval-tasks.jsonl").open())}
     assert not held & {(r["a"], r["b"]) for r in served}  # the held-out set is never served
     rounds = data["rounds"]
     assert rounds and all(r["trained"] for r in rounds)
-    # the only rewards were the users' feedback, joined from their own process's files
+    # the only rewards were the users' feedback, joined from their own process's files, and
+    # the judge's scores (the base model on the same vLLM) for episodes without feedback
     assert all(r["evaluations_joined"] >= 12 for r in rounds)
+    assert all(0 < r["judge"]["scored"] + r["judge"]["failed"] <= 8 for r in rounds)
+    assert sum(r["judge"]["scored"] for r in rounds) > 0
+    judged = [row for row in all_rows(work / "traces") if row["reward_kind"] == "judge"]
+    assert judged and {row["evaluation_name"] for row in judged} == {"judge:right-sum"}
+    feedback = {row["evaluation_target"] for row in all_rows(work / "traces")
+                if row["evaluation_name"] == "thumbs"}
+    assert not feedback & {row["evaluation_target"] for row in judged}  # judged: the others
     assert all(r["baselines"] == {"batch": r["transitions"]} for r in rounds)
     assert all("publish" in r["gate"] and "rule" in r["gate"] for r in rounds)
     assert data["baseline"]["policy"] == {"solver": "base", "checker": "base"}

@@ -141,3 +141,21 @@ def test_paired_interval_by_hand():
 ])
 def test_watch_rules(previous, current, verdict):
     assert watch(previous, current, margin=0.05, min_episodes=5).verdict == verdict
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"judge": "rubric.toml"}, "judge scores a live traces directory"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "missing.toml"},
+     "is not a rubric file"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
+      "judge_mode": "pairs"}, "judge_mode must be absolute or relative"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
+      "judge_max_episodes": 0}, "judge_max_episodes must be at least 1"),
+])
+def test_judge_settings_are_checked(tmp_path, monkeypatch, settings, problem):
+    monkeypatch.chdir(tmp_path)
+    Path("rubric.toml").write_text('name = "x"\ninstructions = "y"\n')
+    values = dict(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off")
+    values.update(settings)
+    with pytest.raises(ValueError, match=problem):
+        LoopConfig(**values).check()

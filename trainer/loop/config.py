@@ -45,6 +45,12 @@ class LoopConfig:
     baseline: str = "group"  # group | batch | key:ATTRIBUTE, comma-separated: first that applies
     per_agent_advantages: bool = False
     missing_reward: str = "drop"  # or a number
+    judge: str | None = None  # live: a rubric file; an LLM judge scores new unrewarded episodes
+    judge_model: str | None = None  # the judge's served model name (default: the base model)
+    judge_url: str | None = None  # its OpenAI-compatible URL (default: the loop's vLLM)
+    judge_mode: str = "absolute"  # absolute | relative (RULER-style, per task)
+    judge_max_episodes: int = 64  # episodes the judge scores per round at most
+    judge_structured: bool = True  # constrain verdicts to their JSON schema (vLLM, OpenAI)
     # -- training -----------------------------------------------------------------------------
     algorithm: str = "at_grpo"
     policy: str = "per_agent_lora"
@@ -87,8 +93,16 @@ class LoopConfig:
         if not self.agents:
             raise ValueError("agents: the aliases the team's agents ask for (one adapter each)")
         parse_baselines(self.baseline)
+        if self.judge is not None:
+            if self.traces is None:
+                raise ValueError("judge scores a live traces directory: set traces")
+            if not Path(self.judge).is_file():
+                raise ValueError(f"judge: {self.judge} is not a rubric file")
+            if self.judge_mode not in ("absolute", "relative"):
+                raise ValueError(f"judge_mode must be absolute or relative, got "
+                                 f"{self.judge_mode!r}")
         for name in ("tasks_per_round", "rollouts", "min_episodes", "batch_size", "epochs",
-                     "rounds", "eval_rollouts", "watch_episodes"):
+                     "rounds", "eval_rollouts", "watch_episodes", "judge_max_episodes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         return self

@@ -137,6 +137,13 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     prod.add_argument("--production", action="store_true")
     prod.add_argument("--feedback-share", type=float, default=0.5,
                       help="requests whose users send feedback (default 0.5)")
+    prod.add_argument("--rewards-from", choices=("feedback", "judge", "both"),
+                      default="feedback",
+                      help="feedback: only the users' (default); judge: no users, the LLM judge "
+                           "(the base model on the same vLLM) scores episodes; both: the judge "
+                           "scores the episodes that got no feedback")
+    prod.add_argument("--judge-max-episodes", type=int, default=32,
+                      help="episodes the judge scores per round at most (default 32)")
     prod.add_argument("--baseline", default="batch",
                       help="advantage baseline for the live data (default batch: requests "
                            "never repeat)")
@@ -248,15 +255,23 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
              str(args.max_tokens), "--reward", task,
              "--seed", str(args.seed)],
             env=env, cwd=work, stdout=subprocess.DEVNULL))
+        share = 0.0 if args.rewards_from == "judge" else args.feedback_share
+        judge = None
+        if args.rewards_from != "feedback":
+            judge = work / "judge-rubric.toml"
+            judge.write_text(JUDGE_RUBRIC)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "agl_bridge.trainer.loop.teams.users", "--log", str(served),
-             "--out", str(traces), "--share", str(args.feedback_share), "--seed",
+             "--out", str(traces), "--share", str(share), "--delay-s", "5", "15", "--seed",
              str(args.seed)], env={**env, "AGL_BRIDGE_AUTO": "0", "OTEL_SERVICE_NAME": "users"},
             cwd=work, stdout=subprocess.DEVNULL))
+        # users answer 5-15 s after an episode and flush every 10 s: a span file 30 s old
+        # has its feedback, so the judge scores only the episodes that got none
         cfg = LoopConfig(
             workdir=str(work), model=str(model_dir), server=server.base_url,
-            registry=str(registry), agents=list(ALIASES), traces=str(traces), settle_s=20.0,
+            registry=str(registry), agents=list(ALIASES), traces=str(traces), settle_s=30.0,
             min_episodes=args.min_episodes, max_wait_s=180.0, baseline=args.baseline,
+            judge=str(judge) if judge else None, judge_max_episodes=args.judge_max_episodes,
             learning_rate=args.learning_rate, batch_size=args.batch_size, epochs=args.epochs,
             alpha=args.alpha, seed=args.seed, max_tokens=args.max_tokens,
             team=None, eval_team=f"python -m {TEAM_MODULE} --reward {task}",
@@ -283,6 +298,17 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
     data["served"] = served_by_version(work / "served.jsonl", data.get("events", []))
     loop.state.save()
     return finish(work, data)
+
+
+JUDGE_RUBRIC = """\
+name = "right-sum"
+instructions = \"\"\"
+A team of two agents answers an addition question. The solver answers first; the checker
+reads the solver's answer and gives the team's final answer in its last line. Score 1 if the
+checker's last line states the correct sum of the two numbers in the question, 0 otherwise.
+Work the sum out yourself first. Ignore style and length.\"\"\"
+scale = [0, 1]
+"""
 
 
 def _pausing(service: Any) -> dict[str, Any]:

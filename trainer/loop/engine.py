@@ -262,12 +262,17 @@ class Loop:
         consumed = set(self.data["consumed"])
         t0 = time.monotonic()
         log(f"round {r}: waiting for {cfg.min_episodes} rewarded episodes in {cfg.traces} ...")
+        judging: dict[str, Any] = {"tried": set(), "scored": 0, "failed": 0, "requests": 0,
+                                   "seconds": 0.0}
         with self.state.timed("waiting for traces"):
             while True:
                 now = time.time()
                 fresh = [p for p in iter_parquet_files(cfg.traces or "")
                          if str(p) not in consumed and now - p.stat().st_mtime >= cfg.settle_s]
-                episodes = self._rewarded_episodes(fresh) if fresh else 0
+                rewarded = self._rewarded_episodes(fresh) if fresh else set()
+                if fresh and cfg.judge and self._judge(fresh, rewarded, judging):
+                    rewarded = self._rewarded_episodes(fresh)
+                episodes = len(rewarded)
                 waited = time.monotonic() - t0
                 if episodes >= cfg.min_episodes or (waited >= cfg.max_wait_s and episodes):
                     break
@@ -277,7 +282,45 @@ class Loop:
                 time.sleep(min(5.0, max(0.5, cfg.settle_s / 4)))
         record["consumed"] = [str(p) for p in fresh]
         record["episodes_waited_for"] = episodes
+        if cfg.judge:
+            record["judge"] = {k: v for k, v in judging.items() if k != "tried"}
+            log(f"round {r}: the judge scored {judging['scored']} episode(s) "
+                f"({judging['failed']} failed) in {judging['seconds']:.0f} s")
         return fresh
+
+    def _judge(self, files: list[Path], rewarded: set[str], judging: dict[str, Any]) -> int:
+        """Let the LLM judge score the episodes of ``files`` that have no reward yet (feedback
+        or inline rewards win: the judge scores the others), at most ``judge_max_episodes`` per
+        round; an episode it failed on is not asked about again this round. Returns how many it
+        scored."""
+        import pyarrow.parquet as pq
+
+        from agl_bridge.trainer.judging import judge_spans
+
+        cfg = self.cfg
+        budget = cfg.judge_max_episodes - judging["scored"] - judging["failed"]
+        if budget <= 0 or cfg.judge is None:
+            return 0
+        ids: set[str] = set()
+        for path in files:
+            try:
+                column = pq.ParquetFile(path).read(columns=["episode_id"])["episode_id"]
+            except (OSError, KeyError, ValueError):  # not a span file: nothing to judge there
+                continue
+            ids.update(e for e in column.to_pylist() if e)
+        todo = ids - rewarded - judging["tried"]
+        if not todo:
+            return 0
+        summary = judge_spans(cfg.traces or "", cfg.judge, base_url=cfg.judge_url or self.base_url,
+                              model=cfg.judge_model or BASE, mode=cfg.judge_mode,
+                              max_episodes=budget, structured=cfg.judge_structured,
+                              episode_ids=todo, progress=False)
+        judging["tried"] |= set(summary.failed)  # scored ones are rewarded from now on
+        judging["scored"] += summary.scored
+        judging["failed"] += len(summary.failed)
+        judging["requests"] += summary.requests
+        judging["seconds"] += summary.seconds
+        return summary.scored
 
     def _convert_config(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -286,7 +329,7 @@ class Loop:
         return {"baseline": cfg.baseline, "per_agent_advantages": cfg.per_agent_advantages,
                 "missing_reward": missing, "alpha": cfg.alpha}
 
-    def _rewarded_episodes(self, files: list[Path]) -> int:
+    def _rewarded_episodes(self, files: list[Path]) -> set[str]:
         from agl_bridge.trainer.conversion import ConvertConfig, convert
         from agl_bridge.trainer.rewards.recipes import load_recipe
 
@@ -296,8 +339,8 @@ class Loop:
                         evaluations_from=self.cfg.traces)
         import pyarrow.parquet as pq
 
-        return len(set(pq.read_table(probe, columns=["episode_id"])["episode_id"].to_pylist())) \
-            if stats.transitions else 0
+        return set(pq.read_table(probe, columns=["episode_id"])["episode_id"].to_pylist()) \
+            if stats.transitions else set()
 
     def _train(self, r: int, rdir: Path, sources: list[Path], record: dict[str, Any]
                ) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING
 
 import agl_bridge
+from agl_bridge import semconv as sc
 from agl_bridge.trainer.loop.team import RESULTS_ENV, ROLLOUTS_ENV, TASKS_ENV, TEMPERATURE_ENV
 
 if TYPE_CHECKING:
@@ -93,6 +94,10 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                                  system_message=CHECKER_SYSTEM)
         team = RoundRobinGroupChat([solver, checker], max_turns=2)
         with agl_bridge.episode(task_id=task["task_id"]) as episode_id:
+            if "kind" in task:  # what a service records about a request: its kind
+                from opentelemetry import trace
+
+                trace.get_current_span().set_attribute(sc.DEMO_REQUEST_KIND, task["kind"])
             result = await team.run(task=QUESTION.format(a=a, b=b))
             replies = {m.source: m.content for m in result.messages
                        if isinstance(m, BaseTextChatMessage) and m.source != "user"}

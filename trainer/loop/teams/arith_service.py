@@ -30,7 +30,15 @@ def problems(seed: int, exclude: set[tuple[int, int]]) -> Iterator[dict]:
     space = [p for p in QUESTION_SPACE if p not in exclude]
     random.Random(f"service-{seed}").shuffle(space)
     for n, (a, b) in enumerate(space):
-        yield {"task_id": f"req-{n}-{a}+{b}", "a": a, "b": b}
+        yield {"task_id": f"req-{n}-{a}+{b}", "a": a, "b": b, "kind": request_kind(a, b)}
+
+
+def request_kind(a: int, b: int) -> str:
+    """The kind of an addition, as a service would tag a request (its template, its intent):
+    the digits of each number and whether the ones carry: 12 kinds, of different difficulty.
+    ``--baseline key:demo.request_kind`` compares each episode with others of its kind."""
+    carry = "carry" if a % 10 + b % 10 >= 10 else "no-carry"
+    return f"{len(str(a))}+{len(str(b))} digits, {carry}"
 
 
 async def serve(args: argparse.Namespace) -> int:
