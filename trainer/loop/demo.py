@@ -388,8 +388,17 @@ def summary(data: dict, base: dict, final: dict) -> str:
                      f"{episodes['team_reward']['mean']:.3f}, " if episodes else
                      f"  round {r['round']}: ")
         lines[-1] += f"{r.get('transitions')} transitions -> {outcome}"
+        if r.get("judge"):
+            lines[-1] += f" (the judge scored {r['judge']['scored']} episodes)"
         if r.get("rolled_back"):
             lines[-1] += "; rolled back: " + r["watch"]["reason"]
+    if data.get("served"):
+        lines.append("what the service's users saw (success on new requests, by live version):")
+        for v in data["served"]:
+            ok = v["success"]
+            versions = ", ".join(sorted(set(v["live"].values())))
+            lines.append(f"  {versions}: {ok['rate']:.1%} [{ok['low']:.1%}, {ok['high']:.1%}] "
+                         f"of {v['requests']} requests")
     secs = data["seconds"]
     lines.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items())
                  + f"; total {sum(secs.values()) / 60:.1f} min")
