@@ -35,11 +35,8 @@ GROUP_VERDICT = r'\{"scores": \[\{"id": 1, "score": [01]\}, \{"id": 2, "score": 
 def vllm(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-judge")
     model = build_tiny_model(root / "model")
-    # the tiny tokenizer is byte-level, so a judge prompt is 1-3k tokens, past the model's
-    # 1024 positions. RoPE has no weights: a longer context only needs the config to say so
-    # (vLLM sizes its rotary tables from it)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=4096)))
+    # the tiny tokenizer is byte-level, so a judge prompt is 1-3k tokens: the tiny model has
+    # 4096 positions for it
     with VLLMServer(model, served_model_name="tiny", max_model_len=4096, kv_cache_gib=1,
                     log_path=root / "vllm.log", startup_timeout_s=600) as server:
         yield server

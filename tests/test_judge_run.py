@@ -342,10 +342,14 @@ def test_requests_run_concurrently_with_a_progress_bar_and_max_episodes(tmp_path
 
 def test_episode_ids_limit_what_is_judged(tmp_path):
     spans = store(tmp_path, {f"e{i}": ("t1", "5") for i in range(5)})
+    # episodes outside the set that could not be read are neither asked about nor reported
+    # (the loop passes only new arrivals: old unreadable ones must not eat its budget)
+    write_spans(spans, [chat_row("idsonly", 9, "5", messages=False)], "part-1.parquet")
     with ScriptedServer(script=lambda body: ('{"score": 1}', [])) as server:
         summary = judge(spans, server, episode_ids={"e1", "e3", "unknown"}, progress=False)
         assert len(server.requests) == 2
     assert summary.scored == 2 and summary.episodes == 2 and not summary.failed
+    assert summary.unreadable == 0
     assert {r["evaluation_target"] for r in evaluation_rows(spans)} == {"episode:e1", "episode:e3"}
 
 

@@ -151,6 +151,11 @@ def test_watch_rules(previous, current, verdict):
       "judge_mode": "pairs"}, "judge_mode must be absolute or relative"),
     ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
       "judge_max_episodes": 0}, "judge_max_episodes must be at least 1"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
+      "judge_extra_body": "{top_k: 5}"}, "judge_extra_body is not JSON"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
+      "judge_extra_body": "[5]"}, "judge_extra_body must be a JSON object"),
+    ({"judge_max_episode_chars": 10}, "judge_max_episode_chars must be at least 100"),
 ])
 def test_judge_settings_are_checked(tmp_path, monkeypatch, settings, problem):
     monkeypatch.chdir(tmp_path)

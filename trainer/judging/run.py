@@ -290,14 +290,15 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
     summary = JudgeSummary(mode=mode, model=model, rubric=rubric.evaluation_name)
     episodes = read_episodes(directory, tokenizer_decoder(tokenizer) if tokenizer else None)
     summary.problems += episodes.problems
-    summary.failed.update(episodes.failed)
-    summary.unreadable = len(episodes.failed)
-    cache = JudgeCache(directory)
-    summary.problems += cache.problems
-    texts = episodes.texts
-    if episode_ids is not None:
+    texts, unreadable = episodes.texts, episodes.failed
+    if episode_ids is not None:  # the others are not asked about, so not reported either
         wanted = set(episode_ids)
         texts = [e for e in texts if e.episode in wanted]
+        unreadable = {e: why for e, why in unreadable.items() if e in wanted}
+    summary.failed.update(unreadable)
+    summary.unreadable = len(unreadable)
+    cache = JudgeCache(directory)
+    summary.problems += cache.problems
     uncached: list[Unit] = []
     keys: dict[str, str] = {}
     for unit in units_for(mode, texts):

@@ -51,6 +51,8 @@ class LoopConfig:
     judge_mode: str = "absolute"  # absolute | relative (RULER-style, per task)
     judge_max_episodes: int = 64  # episodes the judge scores per round at most
     judge_structured: bool = True  # constrain verdicts to their JSON schema (vLLM, OpenAI)
+    judge_max_episode_chars: int = 12_000  # an episode's text is cut to this (start and end)
+    judge_extra_body: str | None = None  # more fields for each judge request, a JSON object
     # -- training -----------------------------------------------------------------------------
     algorithm: str = "at_grpo"
     policy: str = "per_agent_lora"
@@ -101,11 +103,28 @@ class LoopConfig:
             if self.judge_mode not in ("absolute", "relative"):
                 raise ValueError(f"judge_mode must be absolute or relative, got "
                                  f"{self.judge_mode!r}")
+            self.judge_body()
+        if int(self.judge_max_episode_chars) < 100:
+            raise ValueError(f"judge_max_episode_chars must be at least 100, got "
+                             f"{self.judge_max_episode_chars!r}")
         for name in ("tasks_per_round", "rollouts", "min_episodes", "batch_size", "epochs",
                      "rounds", "eval_rollouts", "watch_episodes", "judge_max_episodes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         return self
+
+    def judge_body(self) -> dict[str, Any] | None:
+        """``judge_extra_body`` parsed; a clear error when it is not a JSON object."""
+        if not self.judge_extra_body:
+            return None
+        try:
+            body = json.loads(self.judge_extra_body)
+        except ValueError as exc:
+            raise ValueError(f"judge_extra_body is not JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise ValueError(f"judge_extra_body must be a JSON object, got "
+                             f"{self.judge_extra_body!r:.80}")
+        return body
 
     @property
     def gate_rule(self) -> GateRule:

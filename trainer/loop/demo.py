@@ -231,7 +231,8 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
     registry, traces = work / "registry", work / "traces"
     shutil.rmtree(registry, ignore_errors=True)  # a fresh server: the loop publishes again
     log(f"starting vLLM on {model_dir.name} (log: {work / 'vllm.log'})")
-    server = VLLMServer(model_dir, served_model_name="base", max_model_len=1024, max_loras=4,
+    # 2048: room for the judge's prompt (rubric ~250 tokens, an episode cut to fit, 400 out)
+    server = VLLMServer(model_dir, served_model_name="base", max_model_len=2048, max_loras=4,
                         max_lora_rank=16, kv_cache_gib=2, log_path=work / "vllm.log",
                         extra_args=["--gpu-memory-utilization", "0.35"] if has_cuda() else []
                         ).start()
@@ -272,6 +273,7 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
             registry=str(registry), agents=list(ALIASES), traces=str(traces), settle_s=30.0,
             min_episodes=args.min_episodes, max_wait_s=180.0, baseline=args.baseline,
             judge=str(judge) if judge else None, judge_max_episodes=args.judge_max_episodes,
+            **_judge_fit(args.model),
             learning_rate=args.learning_rate, batch_size=args.batch_size, epochs=args.epochs,
             alpha=args.alpha, seed=args.seed, max_tokens=args.max_tokens,
             team=None, eval_team=f"python -m {TEAM_MODULE} --reward {task}",
@@ -309,6 +311,19 @@ checker's last line states the correct sum of the two numbers in the question, 0
 Work the sum out yourself first. Ignore style and length.\"\"\"
 scale = [0, 1]
 """
+
+
+def _judge_fit(model: str) -> dict[str, Any]:
+    """Judge settings that fit the demo's 2048-token context. SmolLM2 reads about 3-4
+    characters a token, so 3,000 characters of episode fit. The tiny model's tokenizer is
+    byte-level (a character a token) and its answers are random bytes: 400 characters, and
+    the verdict constrained to the two answers the rubric allows, so that its scores parse
+    (they say nothing about the episode: the tiny model only proves the path)."""
+    if model == "tiny":
+        return {"judge_max_episode_chars": 400, "judge_structured": False,
+                "judge_extra_body": json.dumps(
+                    {"structured_outputs": {"regex": r'\{"score": [01]\}'}})}
+    return {"judge_max_episode_chars": 3000}
 
 
 def _pausing(service: Any) -> dict[str, Any]:

@@ -285,7 +285,9 @@ class Loop:
         if cfg.judge:
             record["judge"] = {k: v for k, v in judging.items() if k != "tried"}
             log(f"round {r}: the judge scored {judging['scored']} episode(s) "
-                f"({judging['failed']} failed) in {judging['seconds']:.0f} s")
+                f"({judging['failed']} failed) in {judging['seconds']:.0f} s"
+                + (f"; first failure: {judging['first_failure']}"
+                   if judging.get("first_failure") else ""))
         return fresh
 
     def _judge(self, files: list[Path], rewarded: set[str], judging: dict[str, Any]) -> int:
@@ -314,8 +316,13 @@ class Loop:
         summary = judge_spans(cfg.traces or "", cfg.judge, base_url=cfg.judge_url or self.base_url,
                               model=cfg.judge_model or BASE, mode=cfg.judge_mode,
                               max_episodes=budget, structured=cfg.judge_structured,
-                              episode_ids=todo, progress=False)
+                              episode_ids=todo, tokenizer=cfg.model, progress=False,
+                              max_episode_chars=cfg.judge_max_episode_chars,
+                              extra_body=cfg.judge_body())
         judging["tried"] |= set(summary.failed)  # scored ones are rewarded from now on
+        if summary.failed and "first_failure" not in judging:  # the log says why, once
+            episode, why = next(iter(summary.failed.items()))
+            judging["first_failure"] = f"episode {episode}: {why}"
         judging["scored"] += summary.scored
         judging["failed"] += len(summary.failed)
         judging["requests"] += summary.requests
