@@ -23,14 +23,15 @@ MASSGEN = "massgen==0.1.97"
 # left open, pip backtracks for many minutes. Installed in one step with our OpenTelemetry set it
 # backtracks too, so: MassGen first (it brings the SDK, the OTLP exporters and pyarrow), then the
 # rest of our core on top of what it chose.
-FIRST = [MASSGEN, "langchain-core==1.7.2"]
+# mcp 2 (2026) dropped the streamablehttp_client that MassGen 0.1.97 imports at start.
+FIRST = [MASSGEN, "langchain-core==1.7.2", "mcp<2"]
 THEN = ["opentelemetry-instrumentation", "wrapt"]
 
 
 @pytest.fixture(scope="module")
 def massgen_python(built_wheel) -> Path:
     python = VENV / "bin" / "python"
-    marker = VENV / f".deps-ok-{MASSGEN}"
+    marker = VENV / f".deps-ok-{'-'.join(FIRST).replace('<', 'lt')}"
     if not marker.exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
         for step in (FIRST, THEN):
