@@ -136,6 +136,7 @@ JUDGE_MODE: Final = "agl_bridge.judge.mode"  # absolute | relative
 # The demo service's own request attribute (an application's, as a user's service would set
 # one): the kind of an addition, for the key:ATTRIBUTE advantage baseline
 DEMO_REQUEST_KIND: Final = "demo.request_kind"
+DEMO_QUESTION: Final = "demo.question"  # the request itself ("a + b"): what replay plays again
 
 # Coordination (votes, answers, restarts, rounds) for voting/debating orchestrators
 VOTE_VOTER: Final = "agl_bridge.vote.voter"

@@ -10,6 +10,8 @@ rounds, publishes and refusals, and the wall time. The settings:
 * ``both``: the same, and the LLM judge (the base model) scores the others
 * ``judge``: no feedback; the judge scores up to 32 episodes per round
 * ``key``: feedback, and the ``key:demo.request_kind`` baseline (12 kinds of addition)
+* ``replay``: feedback, and each round the questions of the 8 newest requests played again 4
+  times against the live versions (rewarded by the team's own check), group-relative
 
     .venv/bin/python benchmarks/production_compare.py --minutes 15 [--settings feedback key]
         [--workdir runs/compare] [--json PATH]
@@ -34,6 +36,7 @@ SETTINGS: dict[str, list[str]] = {
     "both": ["--rewards-from", "both", "--baseline", "batch"],
     "judge": ["--rewards-from", "judge", "--baseline", "batch"],
     "key": ["--rewards-from", "feedback", "--baseline", "key:demo.request_kind,batch"],
+    "replay": ["--rewards-from", "feedback", "--baseline", "batch", "--replay", "4"],
 }
 
 

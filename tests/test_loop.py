@@ -110,6 +110,51 @@ def test_a_killed_loop_goes_on_from_its_state(tmp_path, tiny):
     assert "round 2" in again.stdout and "held-out score" in again.stdout
 
 
+def test_live_replay_turns_new_episodes_into_groups(tmp_path, tiny):
+    """Production episodes never repeat; the loop plays the newest inputs again K times
+    (their recorded ``app.number``) so each becomes a group, beside the live singles."""
+    from agl_bridge.aliases import AliasTable
+    from agl_bridge.trainer.loop.team import run_team
+
+    with server_for(bad=set()) as server:
+        aliases = AliasTable(tmp_path / "prod-aliases.json")
+        aliases.write({"solver": "base"})
+        run_team(TEAM, [{"task_id": f"p{i}", "number": i} for i in range(6)],
+                 tmp_path / "prod", base_url=server.base_url, aliases=aliases.path)
+        server.requests.clear()
+        cfg = setup(tmp_path, tiny, server, team=None, tasks=None,
+                    traces=str(tmp_path / "prod" / "spans"), settle_s=0.0, min_episodes=6,
+                    max_wait_s=5.0, rounds=1, gate="off", eval_tasks=None,
+                    baseline="group,batch", replay_k=3, replay_inputs=4, replay_team=TEAM,
+                    replay_field="app.number")
+        data = Loop(cfg).run()
+        asked = [b["messages"][-1]["content"] for b in server.requests
+                 if b.get("messages") and b["messages"][-1]["content"].startswith("say")]
+    (r0,) = data["rounds"]
+    assert r0["replay"]["inputs"] == 4 and r0["replay"]["k"] == 3
+    # the four newest inputs, three times each, against the live (base) version
+    assert sorted(asked) == sorted(f"say {n}" for n in (2, 3, 4, 5) for _ in range(3))
+    # 12 replayed transitions in groups of 3, the 6 live singles against the batch
+    assert r0["baselines"] == {"group": 12, "batch": 6} and r0["transitions"] == 18
+    assert r0["published"] == {"solver": "solver@v1"}
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"replay_k": 4}, "replay plays the inputs of a live traces directory"),
+    ({"team": None, "tasks": None, "traces": "live", "replay_k": 1},
+     "replay_k must be at least 2"),
+    ({"team": None, "tasks": None, "traces": "live", "replay_k": 4, "replay_inputs": 0},
+     "replay_inputs must be at least 1"),
+    ({"team": None, "tasks": None, "traces": "live", "replay_k": 4, "gate": "off"},
+     "replay needs a team command"),
+])
+def test_replay_settings_are_checked(settings, problem):
+    values = dict(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off")
+    values.update(settings)
+    with pytest.raises(ValueError, match=problem):
+        LoopConfig(**values).check()
+
+
 @pytest.mark.parametrize("live, candidate, rule, publish", [
     ({"a": 1, "b": 1, "c": 0}, {"a": 1, "b": 1, "c": 0}, "not_worse", True),
     ({"a": 1, "b": 1, "c": 1, "d": 1}, {"a": 0, "b": 0, "c": 0, "d": 0}, "not_worse", False),

@@ -6,6 +6,7 @@ import json
 import os
 
 import openai
+from opentelemetry import trace
 
 import agl_bridge
 
@@ -18,6 +19,10 @@ with open(os.environ["AGL_BRIDGE_RESULTS"], "w") as results:
         for _ in range(rollouts):
             with agl_bridge.episode(task_id=task["task_id"]) as episode, \
                     agl_bridge.agent("solver"):
+                if "number" not in task:  # a replayed input: the attribute recorded below
+                    task["number"] = task["app.number"]
+                # what the app records about its request (the loop's replay reads it back)
+                trace.get_current_span().set_attribute("app.number", task["number"])
                 reply = client.chat.completions.create(
                     model="solver", temperature=temperature, max_tokens=8,
                     messages=[{"role": "user", "content": f"say {task['number']}"}])

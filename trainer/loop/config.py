@@ -53,6 +53,10 @@ class LoopConfig:
     judge_structured: bool = True  # constrain verdicts to their JSON schema (vLLM, OpenAI)
     judge_max_episode_chars: int = 12_000  # an episode's text is cut to this (start and end)
     judge_extra_body: str | None = None  # more fields for each judge request, a JSON object
+    replay_k: int = 0  # live: play the inputs of new episodes again this many times each (0: off)
+    replay_inputs: int = 8  # live: inputs replayed per round at most (the newest episodes')
+    replay_team: str | None = None  # the command that replays them (default: eval_team, team)
+    replay_field: str | None = None  # a span column or attribute that holds an episode's input
     # -- training -----------------------------------------------------------------------------
     algorithm: str = "at_grpo"
     policy: str = "per_agent_lora"
@@ -104,6 +108,15 @@ class LoopConfig:
                 raise ValueError(f"judge_mode must be absolute or relative, got "
                                  f"{self.judge_mode!r}")
             self.judge_body()
+        if self.replay_k:
+            if self.traces is None:
+                raise ValueError("replay plays the inputs of a live traces directory: set traces")
+            if int(self.replay_k) < 2:
+                raise ValueError(f"replay_k must be at least 2 (a group), got {self.replay_k!r}")
+            if int(self.replay_inputs) < 1:
+                raise ValueError(f"replay_inputs must be at least 1, got {self.replay_inputs!r}")
+            if (self.replay_team or self.eval_team or self.team) is None:
+                raise ValueError("replay needs a team command: replay_team (or eval_team)")
         if int(self.judge_max_episode_chars) < 100:
             raise ValueError(f"judge_max_episode_chars must be at least 100, got "
                              f"{self.judge_max_episode_chars!r}")

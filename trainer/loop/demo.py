@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agl_bridge import semconv as sc
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop, log
 from agl_bridge.trainer.loop.report import episode_stats, write_report
@@ -147,6 +148,12 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     prod.add_argument("--baseline", default="batch",
                       help="advantage baseline for the live data (default batch: requests "
                            "never repeat)")
+    prod.add_argument("--replay", type=int, default=0, metavar="K",
+                      help="each round, play the questions of the newest --replay-inputs "
+                           "requests again K times (against the live versions, rewarded by the "
+                           "team's own check) so they form groups; 0: off (default)")
+    prod.add_argument("--replay-inputs", type=int, default=8,
+                      help="questions replayed per round (default 8)")
     prod.add_argument("--min-episodes", type=int, default=64,
                       help="rewarded episodes a round waits for")
     prod.add_argument("--concurrency", type=int, default=4, help="requests served at once")
@@ -271,7 +278,11 @@ def run_production(args: argparse.Namespace, demo: dict, work: Path, model_dir: 
         cfg = LoopConfig(
             workdir=str(work), model=str(model_dir), server=server.base_url,
             registry=str(registry), agents=list(ALIASES), traces=str(traces), settle_s=30.0,
-            min_episodes=args.min_episodes, max_wait_s=180.0, baseline=args.baseline,
+            min_episodes=args.min_episodes, max_wait_s=180.0,
+            # replayed questions are groups (same task id): group-relative first for them
+            baseline=f"group,{args.baseline}" if args.replay else args.baseline,
+            replay_k=args.replay, replay_inputs=args.replay_inputs,
+            replay_field=sc.DEMO_QUESTION if args.replay else None,
             judge=str(judge) if judge else None, judge_max_episodes=args.judge_max_episodes,
             **_judge_fit(args.model),
             learning_rate=args.learning_rate, batch_size=args.batch_size, epochs=args.epochs,
@@ -405,6 +416,8 @@ def summary(data: dict, base: dict, final: dict) -> str:
         lines[-1] += f"{r.get('transitions')} transitions -> {outcome}"
         if r.get("judge"):
             lines[-1] += f" (the judge scored {r['judge']['scored']} episodes)"
+        if r.get("replay"):
+            lines[-1] += f" ({r['replay']['inputs']} questions replayed x {r['replay']['k']})"
         if r.get("rolled_back"):
             lines[-1] += "; rolled back: " + r["watch"]["reason"]
     if data.get("served"):

@@ -244,7 +244,38 @@ class Loop:
             record["team"] = run.summary
             record["next_task"] = start + len(chunk)
             return [run.spans]
-        return self._wait_for_traces(r, record)
+        fresh = self._wait_for_traces(r, record)
+        if fresh and cfg.replay_k:
+            replayed = self._replay(r, rdir, fresh, record)
+            return fresh + ([replayed] if replayed else [])
+        return fresh
+
+    def _replay(self, r: int, rdir: Path, files: list[Path], record: dict[str, Any]
+                ) -> Path | None:
+        """Live traffic never repeats, so its episodes are groups of one: play the inputs of
+        the newest ``replay_inputs`` episodes again ``replay_k`` times each with the replay
+        team (against the live versions), so each input becomes a group. The replays are
+        rewarded as the team rewards them (inline, or a recipe)."""
+        from agl_bridge.trainer.loop.replay import read_replay_spans, replay_inputs
+
+        cfg = self.cfg
+        inputs = replay_inputs(read_replay_spans(files, cfg.replay_field),
+                               field_name=cfg.replay_field)
+        tasks = inputs.tasks[-cfg.replay_inputs:]
+        record["replay"] = {"inputs": len(tasks), "k": cfg.replay_k,
+                            "without_input": len(inputs.without_input)}
+        if not tasks:
+            log(f"round {r}: nothing to replay ({len(inputs.without_input)} episode(s) "
+                f"without an input)")
+            return None
+        command = cfg.replay_team or cfg.eval_team or cfg.team or ""
+        log(f"round {r}: replaying {len(tasks)} input(s) x {cfg.replay_k} on "
+            f"{self.data['live']} ...")
+        with self.state.timed("replay"):
+            run = self._team(command, tasks, rdir / "replay", rollouts=cfg.replay_k,
+                             temperature=cfg.temperature)
+        record["replay"]["team"] = run.summary
+        return run.spans
 
     def _team(self, command: str, tasks: list[dict[str, Any]], out: Path, *, rollouts: int,
               temperature: float, aliases: Path | None = None) -> TeamRun:

@@ -102,23 +102,29 @@ def replay_inputs(spans: pa.Table, *, field_name: str | None = None,
     return out
 
 
+def read_replay_spans(source: str | Path | Sequence[str | Path],
+                      field_name: str | None = None) -> pa.Table:
+    """The columns ``replay_inputs`` reads from span Parquet (a file, a directory tree or a
+    list of them), evaluation records left out."""
+    from agl_bridge.trainer.conversion import read_spans
+    from agl_bridge.trainer.conversion.evaluations import is_evaluation
+
+    columns = ["trace_id", "span_id", "episode_id", "task_id", "operation_name",
+               "start_time_unix_nano", "attributes", "evaluation_name", "evaluation_target"]
+    if field_name and field_name not in columns:
+        columns.append(field_name)
+    table = read_spans(source, columns=[c for c in columns if c in _schema_names()])
+    return table.filter(pc.invert(is_evaluation(table)))
+
+
 def replay(spans_dir: str | Path, command: str | Sequence[str], out_dir: Path, *,
            base_url: str, aliases: Path | None, k: int = 4, temperature: float = 1.0,
            field_name: str | None = None, limit: int | None = None
            ) -> tuple[ReplayInputs, TeamRun | None]:
     """Replay the stored episodes under ``spans_dir`` ``k`` times each with the team command;
     the new spans go to ``out_dir/spans``."""
-    from agl_bridge.trainer.conversion import read_spans
-
-    columns = ["trace_id", "span_id", "episode_id", "task_id", "operation_name",
-               "start_time_unix_nano", "attributes", "evaluation_name", "evaluation_target"]
-    if field_name and field_name not in columns:
-        columns.append(field_name)
-    table = read_spans(spans_dir, columns=[c for c in columns if c in _schema_names()])
-    from agl_bridge.trainer.conversion.evaluations import is_evaluation
-
-    table = table.filter(pc.invert(is_evaluation(table)))
-    inputs = replay_inputs(table, field_name=field_name, limit=limit)
+    inputs = replay_inputs(read_replay_spans(spans_dir, field_name), field_name=field_name,
+                           limit=limit)
     if not inputs.tasks:
         return inputs, None
     run = run_team(command, inputs.tasks, out_dir, base_url=base_url, aliases=aliases,

@@ -8,9 +8,10 @@ turn, and the token ids the server returned; ``AGL_BRIDGE_ALIASES`` makes the ag
 calls are the episode scope and ``emit_reward``: the reward is the harness's verdict on the team's
 answer, which only the harness knows.
 
-Tasks come as JSON lines (``{"task_id", "a", "b"}``); each is played ``--rollouts`` times (the
-members of one group-relative group), up to ``--concurrency`` episodes at once, so the server
-batches them. One JSON line per episode goes to ``--results``; a summary line to stdout.
+Tasks come as JSON lines (``{"task_id", "a", "b"}``, or a replayed ``demo.question``); each
+is played ``--rollouts`` times (the members of one group-relative group), up to
+``--concurrency`` episodes at once, so the server batches them. One JSON line per episode goes
+to ``--results``; a summary line to stdout.
 
 Reward (verifiable, shaped so the base model scores above zero; see ``score``):
   * ``team`` (scope team): 1 if the checker's final line has the right sum, else up to 0.3 for
@@ -72,6 +73,18 @@ def score_lower(text: str, max_tokens: int) -> dict[str, float]:
     return {"correct": float(share >= 0.6), "close": 0.0, "form": share}
 
 
+def operands(task: dict) -> tuple[int, int]:
+    """A task's two numbers: ``a`` and ``b``, or the question a service recorded
+    (``demo.question``, ``"a + b"``: what ``agl-bridge replay --field demo.question`` gives)."""
+    if "a" in task and "b" in task:
+        return int(task["a"]), int(task["b"])
+    m = re.fullmatch(r"\s*(\d+)\s*\+\s*(\d+)\s*", str(task.get(sc.DEMO_QUESTION, "")))
+    if not m:
+        raise ValueError(f"task {task.get('task_id')!r}: neither a and b nor a "
+                         f"{sc.DEMO_QUESTION} of the form 'a + b'")
+    return int(m.group(1)), int(m.group(2))
+
+
 def _client(base_url: str, model: str, temperature: float, max_tokens: int):
     from autogen_ext.models.openai import OpenAIChatCompletionClient
 
@@ -86,7 +99,7 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
     from autogen_agentchat.messages import BaseTextChatMessage
     from autogen_agentchat.teams import RoundRobinGroupChat
 
-    a, b = int(task["a"]), int(task["b"])
+    a, b = operands(task)
     async with sem:
         solver = AssistantAgent("solver", model_client=clients["solver"],
                                 system_message=SOLVER_SYSTEM)
@@ -94,10 +107,12 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                                  system_message=CHECKER_SYSTEM)
         team = RoundRobinGroupChat([solver, checker], max_turns=2)
         with agl_bridge.episode(task_id=task["task_id"]) as episode_id:
-            if "kind" in task:  # what a service records about a request: its kind
+            if "kind" in task:  # what a service records about a request: its kind, itself
                 from opentelemetry import trace
 
-                trace.get_current_span().set_attribute(sc.DEMO_REQUEST_KIND, task["kind"])
+                span = trace.get_current_span()
+                span.set_attribute(sc.DEMO_REQUEST_KIND, task["kind"])
+                span.set_attribute(sc.DEMO_QUESTION, f"{a} + {b}")
             result = await team.run(task=QUESTION.format(a=a, b=b))
             replies = {m.source: m.content for m in result.messages
                        if isinstance(m, BaseTextChatMessage) and m.source != "user"}
