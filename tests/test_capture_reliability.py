@@ -67,19 +67,22 @@ def dead_pid() -> int:
 
 def child_code(code: str) -> str:
     """A child script: ``rows`` from this file, the writer module as ``pw``, and ``die()``."""
-    return textwrap.dedent(f"""
+    return textwrap.dedent("""
         import os, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_capture_reliability import rows
+        from tests.test_capture_reliability import rows
         from agl_bridge.otel import parquet_writer as pw
         def die(*_a, **_k):
             os.kill(os.getpid(), signal.SIGKILL)
     """) + textwrap.dedent(code)
 
 
+# the children import this file as ``tests.test_capture_reliability``, from the repo root
+CHILD_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
 def run_child(code: str, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", child_code(code), *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=CHILD_ENV)
 
 
 # -- item 2: a kill at any step of a rotation, then recover: every row exactly once -----------
@@ -222,7 +225,8 @@ PAUSES_MID_ROTATION = """
 def test_a_second_writer_starting_on_the_directory_leaves_a_live_writers_files_alone(tmp_path):
     child = subprocess.Popen(
         [sys.executable, "-c", child_code(PAUSES_MID_ROTATION), str(tmp_path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=CHILD_ENV)
     try:
         assert child.stdout.readline() == "paused\n"  # A: temporary written, log still there
         in_flight = leftovers(tmp_path)
