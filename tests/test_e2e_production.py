@@ -1,7 +1,8 @@
 """The production demo end to end on vLLM with the tiny model: the team serves requests that
 never repeat and carry no reward, simulated users send feedback later from their own process,
-an LLM judge (the base model on the same vLLM) scores episodes that got none, the loop trains
-on the live traces with the batch baseline, gates and publishes."""
+an LLM judge (the base model on the same vLLM) scores episodes that got none, the loop replays
+the newest questions (recorded by the service as ``demo.question``) twice each, trains on the
+live traces with the batch baseline and on the replays as groups, gates and publishes."""
 
 import json
 
@@ -21,7 +22,7 @@ def test_production_demo_learns_from_later_feedback_only(tmp_path):
                       "--rounds", "2", "--minutes", "12", "--eval-tasks", "8",
                       "--gate-tasks", "8", "--min-episodes", "12", "--concurrency", "4",
                       "--learning-rate", "2e-2", "--batch-size", "8", "--rewards-from", "both",
-                      "--judge-max-episodes", "8"])
+                      "--judge-max-episodes", "8", "--replay", "2", "--replay-inputs", "3"])
     served = [json.loads(line) for line in (work / "served.jsonl").read_text().splitlines()]
     assert len({(r["a"], r["b"]) for r in served}) == len(served) > 20  # never repeated
     held = {(t["a"], t["b"]) for t in map(json.loads, (work / "eval-tasks.jsonl").open())}
@@ -38,7 +39,12 @@ def test_production_demo_learns_from_later_feedback_only(tmp_path):
     feedback = {row["evaluation_target"] for row in all_rows(work / "traces")
                 if row["evaluation_name"] == "thumbs"}
     assert not feedback & {row["evaluation_target"] for row in judged}  # judged: the others
-    assert all(r["baselines"] == {"batch": r["transitions"]} for r in rounds)
+    # the three newest questions, played twice each by the team: 3 groups x 2 episodes x 2
+    # agents (one turn each) compared within their group; the live singles against the batch
+    assert all(r["replay"]["inputs"] == 3 and r["replay"]["k"] == 2 for r in rounds)
+    assert all(r["replay"]["team"]["episodes"] == 6 for r in rounds)
+    assert all(r["baselines"]["group"] == 12 and r["baselines"]["batch"] > 0
+               and sum(r["baselines"].values()) == r["transitions"] for r in rounds)
     assert all("publish" in r["gate"] and "rule" in r["gate"] for r in rounds)
     assert data["baseline"]["policy"] == {"solver": "base", "checker": "base"}
     assert data["final"]["after_rounds"] == len(rounds)

@@ -64,3 +64,24 @@ def test_episodes_without_an_input_are_named_not_replayed(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 1 and "0 of 3 stored episode(s) replayed" in captured.out
     assert "episode ticket-0: no captured request messages (not replayed)" in captured.err
+
+
+def test_traces_without_an_llm_call_are_not_episodes_to_replay():
+    """A framework's own spans outside any episode (no episode id, no chat) are neither
+    replayed nor reported as episodes without an input: the loop's counts stay true."""
+    import json
+
+    from agl_bridge.trainer.loop.replay import replay_inputs
+    from tests.factories import llm, table
+
+    rows = []
+    for i, episode in enumerate(("e1", "e2")):
+        row = llm(episode, 10 + i, task=f"req-{i}", trace=f"t{i}")
+        row["attributes"] = json.dumps({"demo.question": f"{i} + 1"})
+        rows.append(row)
+    rows.append({"trace_id": "bg", "span_id": "x1", "name": "autogen publish",
+                 "operation_name": None, "start_time_unix_nano": 5, "episode_id": None})
+    inputs = replay_inputs(table(rows), field_name="demo.question")
+    assert inputs.episodes == 2 and inputs.without_input == []
+    assert [t["demo.question"] for t in inputs.tasks] == ["0 + 1", "1 + 1"]
+    assert [t["task_id"] for t in inputs.tasks] == ["replay:req-0", "replay:req-1"]

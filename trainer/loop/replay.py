@@ -81,9 +81,10 @@ def replay_inputs(spans: pa.Table, *, field_name: str | None = None,
                              if "task_id" in spans.column_names else [None] * spans.num_rows):
         if episode not in tasks_of or (tasks_of[episode] is None and task is not None):
             tasks_of[episode] = task
+    chat_episodes = set(keys.filter(is_chat).to_pylist())
     for episode, task in tasks_of.items():
-        if spans.num_rows and episode is None:
-            continue
+        if episode is None or episode not in chat_episodes:
+            continue  # a trace with no LLM call (a framework's own spans) is no episode
         out.episodes += 1
         messages = first_request.get(episode)
         value = values.get(episode)
