@@ -21,7 +21,8 @@ What is recorded follows ``AGL_BRIDGE_CAPTURE`` (``agl_bridge.capture``), read a
 ``messages`` adds the input and output messages, tool definitions and tool-call arguments.
 
 The package, by concern: ``probe`` (is the server vLLM), ``request`` (what we ask for and record
-before the call), ``response`` (what the answer puts on the span), ``streams`` (stream proxies),
+before the call), ``raw`` (ids and logprobs read from the server's JSON before the SDK builds
+models of it), ``response`` (what the answer puts on the span), ``streams`` (stream proxies),
 ``wrappers`` (the tracing wrappers of ``create``), ``routing`` (alias routing) and ``patch``
 (the one patch on ``create`` that routing and tracing share). This module only wires them.
 
@@ -42,7 +43,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 
-from . import patch, routing
+from . import patch, raw, routing
 from .probe import ServerProbe
 from .wrappers import MODES, TOKEN_IDS_ENV, ChatTracing
 
@@ -75,12 +76,14 @@ class OpenAIInstrumentor(BaseInstrumentor):
                                     (Stream, AsyncStream))
         if kwargs.get("routing", True):
             routing.enable()
+        raw.install()
         patch.set_tracing(self._tracing)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         # clients that bound ``create`` while we were on (with_raw_response) still call the
         # patch, which reads the slot at each call: they stop being traced too
         patch.set_tracing(None)
+        raw.uninstall()
         self._tracing = None
 
     @property

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agl_bridge import semconv as sc
 from agl_bridge.capture import CaptureLevel
 from agl_bridge.scope import scope_attributes
 
 from .utils import get, given, to_json
+
+if TYPE_CHECKING:
+    from .raw import Take
 
 logger = logging.getLogger(__name__)
 
@@ -25,23 +28,29 @@ class Call:
     """What was decided for one call before its request went out."""
 
     __slots__ = (
+        "ids",
         "injected_ids",
         "injected_logprobs",
         "kwargs",
         "level",
+        "messages",
         "scoped_policy",
         "server",
         "stream",
+        "take",
     )
 
     def __init__(self, kwargs: dict[str, Any], level: CaptureLevel, server: str,
                  want_ids: bool) -> None:
         self.level = level
+        self.ids = level >= CaptureLevel.TOKEN_IDS  # record ids, logprobs and tool names
+        self.messages = level >= CaptureLevel.MESSAGES  # and the messages themselves
         self.server = server
         self.stream = kwargs.get("stream") is True
         self.scoped_policy = False
         self.injected_ids = False
         self.injected_logprobs = False
+        self.take: Take | None = None  # set by the tracing wrapper when ids are recorded
         # Iterables we read for the span must still reach the SDK whole: a generator passed as
         # ``messages`` or ``tools`` is turned into a list once, here.
         readable = [key for key, needed in (("messages", self.messages), ("tools", self.ids),
@@ -64,13 +73,6 @@ class Call:
                 self.injected_logprobs = True
         self.kwargs = kwargs
 
-    @property
-    def ids(self) -> bool:
-        return self.level >= CaptureLevel.TOKEN_IDS
-
-    @property
-    def messages(self) -> bool:
-        return self.level >= CaptureLevel.MESSAGES
 
 
 def tool_name(tool: Any) -> str | None:

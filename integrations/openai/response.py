@@ -2,7 +2,7 @@
 given back as it would have been without us.
 
 A whole response and a stream both end here: the stream side (``streams.py``) accumulates its
-chunks into the same ``Choice`` records and calls ``record_common``/``record_ids``, so both kinds
+chunks into the same ``Choice`` records and calls ``common_attributes``/``record``, so both kinds
 of call produce the same attributes.
 """
 
@@ -16,7 +16,10 @@ from opentelemetry import trace
 from wrapt import ObjectProxy
 
 from agl_bridge import semconv as sc
+from agl_bridge.otel.attributes import set_number_lists
 
+from . import raw
+from .raw import Take
 from .request import Call, tool_call_part
 from .utils import extra, to_json
 
@@ -80,66 +83,77 @@ def choice_from_message(choice: Any) -> Choice:
     return out
 
 
-def record_common(span: trace.Span, call: Call, *, response_id: Any, model: Any,
-                  choices: list[Choice], usage: Any) -> None:
+def common_attributes(call: Call, *, response_id: Any, model: Any, choices: list[Choice],
+                      usage: Any) -> dict[str, Any]:
     """Id, model (the version that answered), finish reasons, usage, tool calls, output text."""
+    attrs: dict[str, Any] = {}
     if response_id:
-        span.set_attribute(sc.GEN_AI_RESPONSE_ID, response_id)
+        attrs[sc.GEN_AI_RESPONSE_ID] = response_id
     if model:
-        span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, model)
+        attrs[sc.GEN_AI_RESPONSE_MODEL] = model
         if not call.scoped_policy:
-            span.set_attribute(sc.POLICY_VERSION, model)
+            attrs[sc.POLICY_VERSION] = model
     choices = sorted(choices, key=lambda c: c.index)
     reasons = [c.finish_reason for c in choices if c.finish_reason]
     if reasons:
-        span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, reasons)
+        attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
     if usage is not None:
         if getattr(usage, "prompt_tokens", None) is not None:
-            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.prompt_tokens)
+            attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] = usage.prompt_tokens
         if getattr(usage, "completion_tokens", None) is not None:
-            span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.completion_tokens)
-    span.set_attribute(sc.SERVER_KIND, call.server)
+            attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.completion_tokens
+    attrs[sc.SERVER_KIND] = call.server
     first = choices[0] if choices and choices[0].index == 0 else None
     if call.ids and first is not None and first.tool_calls:
         calls = [c for _, c in sorted(first.tool_calls.items())]
-        span.set_attribute(sc.LLM_TOOL_CALL_NAMES, [c["name"] or "" for c in calls])
-        span.set_attribute(sc.LLM_TOOL_CALL_IDS, [c["id"] or "" for c in calls])
+        attrs[sc.LLM_TOOL_CALL_NAMES] = [c["name"] or "" for c in calls]
+        attrs[sc.LLM_TOOL_CALL_IDS] = [c["id"] or "" for c in calls]
     if call.messages and choices:
-        span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES,
-                           to_json([c.output_message() for c in choices]))
+        attrs[sc.GEN_AI_OUTPUT_MESSAGES] = to_json([c.output_message() for c in choices])
+    return attrs
 
 
-def record_ids(span: trace.Span, call: Call, prompt_ids: Any, completion_ids: Any,
-               logprobs: list[float] | None) -> None:
-    """The token ids (and whether they were recorded, and if not why) and logprobs."""
+def record(span: trace.Span, call: Call, attrs: dict[str, Any], prompt_ids: Any,
+           completion_ids: Any, logprobs: list[float] | None) -> None:
+    """Put ``attrs``, the token ids (whether recorded, and if not why) and logprobs on the span:
+    the scalars in one ``set_attributes``, the long number lists without the SDK's per-element
+    checks where their element types allow (``agl_bridge.otel.attributes``)."""
+    lists: dict[str, list[Any]] = {}
     if not call.ids:
-        span.set_attribute(sc.TOKEN_IDS_STATUS, sc.TOKEN_IDS_NOT_CAPTURED)
-        return
-    if prompt_ids is not None and completion_ids is not None:
-        span.set_attribute(sc.PROMPT_TOKEN_IDS, list(prompt_ids))
-        span.set_attribute(sc.COMPLETION_TOKEN_IDS, list(completion_ids))
-        span.set_attribute(sc.TOKEN_IDS_STATUS, sc.TOKEN_IDS_RECORDED)
+        attrs[sc.TOKEN_IDS_STATUS] = sc.TOKEN_IDS_NOT_CAPTURED
     else:
-        status = sc.TOKEN_IDS_MISSING if call.server == "vllm" else sc.TOKEN_IDS_NOT_REQUESTED
-        span.set_attribute(sc.TOKEN_IDS_STATUS, status)
-    if logprobs:
-        span.set_attribute(sc.COMPLETION_LOGPROBS, logprobs)
+        if prompt_ids is not None and completion_ids is not None:
+            lists[sc.PROMPT_TOKEN_IDS] = list(prompt_ids)
+            lists[sc.COMPLETION_TOKEN_IDS] = list(completion_ids)
+            attrs[sc.TOKEN_IDS_STATUS] = sc.TOKEN_IDS_RECORDED
+        else:
+            attrs[sc.TOKEN_IDS_STATUS] = (sc.TOKEN_IDS_MISSING if call.server == "vllm"
+                                          else sc.TOKEN_IDS_NOT_REQUESTED)
+        if logprobs:
+            lists[sc.COMPLETION_LOGPROBS] = logprobs
+    span.set_attributes(attrs)
+    set_number_lists(span, lists)
 
 
 def record_response(span: trace.Span, result: Any, call: Call) -> None:
-    """Put what the server answered on the span, then undo what we asked on the caller's behalf."""
+    """Put what the server answered on the span, then undo what we asked on the caller's behalf
+    (done already, in the body, when ``raw.py`` read it: the models never had the fields)."""
     choices = getattr(result, "choices", None)
     if not isinstance(choices, list):  # raw responses never get here: see RawResponseProxy
         return
-    record_common(span, call, response_id=getattr(result, "id", None),
-                  model=getattr(result, "model", None),
-                  choices=[choice_from_message(c) for c in choices],
-                  usage=getattr(result, "usage", None))
+    attrs = common_attributes(call, response_id=getattr(result, "id", None),
+                              model=getattr(result, "model", None),
+                              choices=[choice_from_message(c) for c in choices],
+                              usage=getattr(result, "usage", None))
+    take = call.take
+    if take is not None and take.absorbed:
+        record(span, call, attrs, take.prompt_ids, take.completion_ids, take.logprobs)
+        return
     first = choices[0] if choices else None
     content = getattr(getattr(first, "logprobs", None), "content", None)
-    record_ids(span, call, getattr(result, "prompt_token_ids", None),
-               getattr(first, "token_ids", None) if first is not None else None,
-               [float(t.logprob) for t in content] if content else None)
+    record(span, call, attrs, getattr(result, "prompt_token_ids", None),
+           getattr(first, "token_ids", None) if first is not None else None,
+           [float(t.logprob) for t in content] if content else None)
 
     # Give the caller the response it would have had: vLLM sends these fields as null when the
     # request does not ask for them.
@@ -164,10 +178,12 @@ class RawResponseProxy(ObjectProxy):
     raw HTTP body (``.content``, ``.text``, ``iter_lines()``) is the server's and keeps them.
     """
 
-    def __init__(self, wrapped: Any, finish: Callable[[Any], Any], span: trace.Span) -> None:
+    def __init__(self, wrapped: Any, finish: Callable[[Any], Any], span: trace.Span,
+                 take: Take | None = None) -> None:
         super().__init__(wrapped)
         self._self_finish = finish
         self._self_span = span
+        self._self_take = take  # reads the body while parse() builds the models
         self._self_parsed: tuple[Any, Any] | None = None  # (parsed, what the caller got)
 
     def _self_done(self, parsed: Any) -> Any:
@@ -178,10 +194,22 @@ class RawResponseProxy(ObjectProxy):
         return parsed  # parse(to=...) into something else: not ours to record
 
     def parse(self, *args: Any, **kwargs: Any) -> Any:
-        parsed = self.__wrapped__.parse(*args, **kwargs)
+        take = self._self_take
+        token = raw.activate(take) if take is not None else None
+        try:
+            parsed = self.__wrapped__.parse(*args, **kwargs)
+        finally:
+            if token is not None:
+                raw.deactivate(token)
         if inspect.isawaitable(parsed):  # AsyncAPIResponse.parse is a coroutine
             async def finish() -> Any:
-                return self._self_done(await parsed)
+                token = raw.activate(take) if take is not None else None
+                try:
+                    value = await parsed
+                finally:
+                    if token is not None:
+                        raw.deactivate(token)
+                return self._self_done(value)
 
             return finish()
         return self._self_done(parsed)

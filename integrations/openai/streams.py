@@ -27,8 +27,10 @@ from wrapt import ObjectProxy
 
 from agl_bridge.errors import record_error
 
+from . import raw
+from .raw import Take
 from .request import Call
-from .response import Choice, reasoning_of, record_common, record_ids
+from .response import Choice, common_attributes, reasoning_of, record
 from .utils import extra
 
 logger = logging.getLogger(__name__)
@@ -43,19 +45,22 @@ class StreamRecorder:
         self.response_id: str | None = None
         self.model: str | None = None
         self.usage: Any = None
-        self.prompt_ids: list[int] | None = None
-        self.completion_ids: list[int] | None = None
-        self.logprobs: list[float] = []
+        # the ids and logprobs: read from each chunk's JSON by the call's take (``raw.py``),
+        # or from the chunk's models when the take could not read it
+        self.ids = call.take if call.take is not None else Take(call)
         self.choices: dict[int, Choice] = {}
         self._ended = False
         self._lock = threading.Lock()
 
-    def process(self, chunk: Any) -> None:
-        """Record one chunk, then reset in it what the caller did not ask for."""
+    def process(self, chunk: Any, absorbed: bool = False) -> None:
+        """Record one chunk, then reset in it what the caller did not ask for (``absorbed``:
+        its ids were read and reset in its JSON already)."""
         try:
-            self._accumulate(chunk)
+            self._accumulate(chunk, absorbed)
         except Exception:  # never let recording break the caller's stream
             logger.debug("agl_bridge: could not record a stream chunk", exc_info=True)
+        if absorbed:
+            return
         call = self.call
         choices = getattr(chunk, "choices", None) or ()
         if call.injected_ids:
@@ -69,7 +74,7 @@ class StreamRecorder:
                 if getattr(choice, "logprobs", None) is not None:
                     choice.logprobs = None
 
-    def _accumulate(self, chunk: Any) -> None:
+    def _accumulate(self, chunk: Any, absorbed: bool) -> None:
         if self.response_id is None and getattr(chunk, "id", None):
             self.response_id = chunk.id
         if self.model is None and getattr(chunk, "model", None):
@@ -77,10 +82,12 @@ class StreamRecorder:
         if getattr(chunk, "usage", None) is not None:
             self.usage = chunk.usage
         call = self.call
-        if call.ids and self.prompt_ids is None:
+        ids = self.ids
+        read_ids = call.ids and not absorbed
+        if read_ids and ids.prompt_ids is None:
             prompt_ids = extra(chunk).get("prompt_token_ids")
             if prompt_ids is not None:
-                self.prompt_ids = list(prompt_ids)
+                ids.prompt_ids = list(prompt_ids)
         for choice in getattr(chunk, "choices", None) or ():
             index = getattr(choice, "index", 0) or 0
             acc = self.choices.get(index)
@@ -88,15 +95,15 @@ class StreamRecorder:
                 acc = self.choices[index] = Choice(index)
             if getattr(choice, "finish_reason", None):
                 acc.finish_reason = choice.finish_reason
-            if call.ids and index == 0:
+            if read_ids and index == 0:
                 token_ids = extra(choice).get("token_ids")
                 if token_ids is not None:
-                    if self.completion_ids is None:
-                        self.completion_ids = []
-                    self.completion_ids.extend(token_ids)
+                    if ids.completion_ids is None:
+                        ids.completion_ids = []
+                    ids.completion_ids.extend(token_ids)
                 content = getattr(getattr(choice, "logprobs", None), "content", None)
                 if content:
-                    self.logprobs.extend(float(t.logprob) for t in content)
+                    ids.logprobs.extend(float(t.logprob) for t in content)
             delta = getattr(choice, "delta", None)
             if delta is None:
                 continue
@@ -134,14 +141,14 @@ class StreamRecorder:
             if self._ended:
                 return
             self._ended = True
-        span, call = self.span, self.call
+        span, call, ids = self.span, self.call, self.ids
         try:
-            record_common(span, call, response_id=self.response_id, model=self.model,
-                          choices=list(self.choices.values()), usage=self.usage)
-            completion = self.completion_ids
-            if completion is None and self.prompt_ids is not None:
+            attrs = common_attributes(call, response_id=self.response_id, model=self.model,
+                                      choices=list(self.choices.values()), usage=self.usage)
+            completion = ids.completion_ids
+            if completion is None and ids.prompt_ids is not None:
                 completion = []  # the stream stopped before choice 0 sent a token
-            record_ids(span, call, self.prompt_ids, completion, self.logprobs)
+            record(span, call, attrs, ids.prompt_ids, completion, ids.logprobs)
             if exc is not None:
                 record_error(span, exc, level=call.level)
         except Exception:
@@ -173,15 +180,23 @@ class StreamProxy(_EndsWhenCollected, ObjectProxy):
         return self
 
     def __next__(self):
+        recorder = self._self_recorder
+        take = recorder.call.take
+        if take is not None:
+            before = take.absorbed
+            token = raw.activate(take)
         try:
             chunk = self.__wrapped__.__next__()
         except StopIteration:
-            self._self_recorder.end()
+            recorder.end()
             raise
         except BaseException as exc:
-            self._self_recorder.end(exc)
+            recorder.end(exc)
             raise
-        self._self_recorder.process(chunk)
+        finally:
+            if take is not None:
+                raw.deactivate(token)
+        recorder.process(chunk, take is not None and take.absorbed != before)
         return chunk
 
     def __enter__(self):
@@ -208,15 +223,23 @@ class AsyncStreamProxy(_EndsWhenCollected, ObjectProxy):
         return self
 
     async def __anext__(self):
+        recorder = self._self_recorder
+        take = recorder.call.take
+        if take is not None:
+            before = take.absorbed
+            token = raw.activate(take)
         try:
             chunk = await self.__wrapped__.__anext__()
         except StopAsyncIteration:
-            self._self_recorder.end()
+            recorder.end()
             raise
         except BaseException as exc:
-            self._self_recorder.end(exc)
+            recorder.end(exc)
             raise
-        self._self_recorder.process(chunk)
+        finally:
+            if take is not None:
+                raw.deactivate(token)
+        recorder.process(chunk, take is not None and take.absorbed != before)
         return chunk
 
     async def __aenter__(self):

@@ -21,6 +21,7 @@ from agl_bridge import semconv as sc
 from agl_bridge.capture import CaptureLevel, capture_level
 from agl_bridge.errors import record_error
 
+from . import raw
 from .probe import ServerProbe
 from .request import Call, request_attributes
 from .response import RawResponseProxy, record_response
@@ -65,6 +66,14 @@ class ChatTracing:
         kind = self.probe.kind(str(instance._client.base_url))
         return Call(kwargs, level, kind, want_ids=kind == "vllm")
 
+    @staticmethod
+    def taking(call: Call) -> Any:
+        """Let the call's ``Take`` read the bodies the SDK parses until ``raw.deactivate``."""
+        if not call.ids:
+            return None
+        call.take = raw.Take(call)
+        return raw.activate(call.take)
+
     # -- the span -------------------------------------------------------------------------------
     def start(self, instance: Any, call: Call, alias: str | None = None) -> trace.Span:
         model = call.kwargs.get("model") if given(call.kwargs.get("model")) else None
@@ -82,7 +91,8 @@ class ChatTracing:
                 return AsyncStreamProxy(result, recorder)
             return StreamProxy(result, recorder)
         if callable(getattr(result, "parse", None)) and hasattr(result, "http_response"):
-            return RawResponseProxy(result, lambda parsed: self.finish(span, parsed, call), span)
+            return RawResponseProxy(result, lambda parsed: self.finish(span, parsed, call), span,
+                                    call.take)
         try:
             record_response(span, result, call)
         except Exception:
@@ -98,6 +108,7 @@ class ChatTracing:
         level = capture_level()
         call = self.decide(instance, kwargs, level)
         span = self.start(instance, call, alias)
+        token = self.taking(call)
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False,
                                 set_status_on_exception=False):
@@ -106,6 +117,9 @@ class ChatTracing:
             record_error(span, exc, level=call.level)
             span.end()
             raise
+        finally:
+            if token is not None:
+                raw.deactivate(token)
         return self.finish(span, result, call)
 
     async def async_create(self, wrapped, instance, args, kwargs, alias: str | None = None):
@@ -117,6 +131,7 @@ class ChatTracing:
             await asyncio.to_thread(self.probe.kind, base_url)  # never block the event loop
         call = self.decide(instance, kwargs, level)
         span = self.start(instance, call, alias)
+        token = self.taking(call)
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False,
                                 set_status_on_exception=False):
@@ -125,4 +140,7 @@ class ChatTracing:
             record_error(span, exc, level=call.level)
             span.end()
             raise
+        finally:
+            if token is not None:
+                raw.deactivate(token)
         return self.finish(span, result, call)

@@ -1,0 +1,148 @@
+"""Token ids and logprobs taken from the server's JSON before the openai SDK builds models of it.
+
+Why: vLLM's answer to a call that asks for ids carries the prompt's ids, the completion's ids
+and, per completion token, a logprobs entry (token text, bytes, alternatives). The SDK builds
+pydantic models of every entry, in Python, although the caller never asked for them and we reset
+them anyway; with the SDK's per-element attribute checks that was most of what recording ids cost
+per call (``benchmarks/capture_overhead.py``). The SDK hands every decoded JSON body, a whole
+response or one stream chunk, to ``BaseClient._process_response_data``. A wrapper there
+(``install``) lets the ``Take`` active in the current context read the ids and logprob numbers
+out of the dict and reset the fields it asked for on the caller's behalf to what the server
+sends when nobody asks (null), before any model is built.
+
+A ``Take`` is active only around the SDK work of one traced call (``activate``): the tracing
+wrapper around ``create``, the stream proxies around each ``next()``, a raw response's
+``parse()``. Everything else the SDK parses passes through untouched. A body the take cannot
+read is left as it is and not counted (``absorbed``), so the response side reads that one from
+the models as before; so does everything when the SDK has no such method.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar, Token
+from typing import Any
+
+from wrapt import wrap_function_wrapper
+
+from .request import Call
+
+logger = logging.getLogger(__name__)
+
+_NAME = "_process_response_data"
+_METHOD = f"openai._base_client.BaseClient.{_NAME}"
+
+_active: ContextVar[Take | None] = ContextVar("agl_bridge_openai_take", default=None)
+
+
+class Take:
+    """What one call's bodies held: prompt ids, choice 0's completion ids and logprobs."""
+
+    __slots__ = ("absorbed", "call", "completion_ids", "logprobs", "prompt_ids")
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.absorbed = 0  # bodies read (a response: 1; a stream: one per chunk so far)
+        self.prompt_ids: list[Any] | None = None
+        self.completion_ids: list[Any] | None = None
+        self.logprobs: list[float] = []
+
+    def absorb(self, data: dict[str, Any]) -> None:
+        """Read one body, then reset in it what the caller did not ask for.
+
+        Reading comes first and may fail on a malformed body: then nothing is changed and the
+        body is not counted. Resetting cannot fail.
+        """
+        call = self.call
+        choices = data.get("choices")
+        if type(choices) is not list:
+            return
+        prompt = completion = content = None
+        if call.ids and (call.stream or not self.absorbed):  # a response's first parse only
+            prompt = data.get("prompt_token_ids")
+            if type(prompt) is not list:
+                prompt = None
+            first = None
+            for position, choice in enumerate(choices):
+                if type(choice) is dict and (choice.get("index", 0) == 0 if call.stream
+                                             else position == 0):
+                    first = choice
+                    break
+            if first is not None:
+                completion = first.get("token_ids")
+                if type(completion) is not list:
+                    completion = None
+                lp = first.get("logprobs")
+                entries = lp.get("content") if type(lp) is dict else None
+                if entries:
+                    content = [float(entry["logprob"]) for entry in entries]
+        if prompt is not None and self.prompt_ids is None:
+            self.prompt_ids = prompt
+        if completion is not None:
+            if self.completion_ids is None:
+                self.completion_ids = completion if not call.stream else list(completion)
+            else:
+                self.completion_ids.extend(completion)
+        if content:
+            self.logprobs.extend(content)
+        self.absorbed += 1
+        if call.injected_ids:
+            if data.get("prompt_token_ids") is not None:
+                data["prompt_token_ids"] = None
+            for choice in choices:
+                if type(choice) is dict and choice.get("token_ids") is not None:
+                    choice["token_ids"] = None
+        if call.injected_logprobs:
+            for choice in choices:
+                if type(choice) is dict and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
+
+
+def activate(take: Take) -> Token[Take | None]:
+    """Let ``take`` read the bodies the SDK parses in this context, until ``deactivate``.
+
+    Plain functions rather than a context manager: streams call them around every chunk."""
+    return _active.set(take)
+
+
+def deactivate(token: Token[Take | None]) -> None:
+    _active.reset(token)
+
+
+def _process_response_data(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    take = _active.get()
+    if take is not None:
+        data = kwargs.get("data")
+        if type(data) is dict:
+            try:
+                take.absorb(data)
+            except Exception:  # a malformed body: the models are read instead
+                logger.debug("agl_bridge: could not read a response body", exc_info=True)
+    return wrapped(*args, **kwargs)
+
+
+def install() -> None:
+    """Wrap the SDK's body parser (a pass-through while no ``Take`` is active). Idempotent."""
+    owner = _owner()
+    if owner is None:
+        logger.debug("agl_bridge: this openai has no %s; ids are read from its models", _METHOD)
+        return
+    current = owner.__dict__.get(_NAME)
+    if getattr(current, "_self_wrapper", None) is not _process_response_data:
+        wrap_function_wrapper(owner, _NAME, _process_response_data)
+
+
+def uninstall() -> None:
+    """Take the wrapper off again if it is the outermost layer (as ``patch._unwrap`` does)."""
+    owner = _owner()
+    current = owner.__dict__.get(_NAME) if owner is not None else None
+    if getattr(current, "_self_wrapper", None) is _process_response_data:
+        setattr(owner, _NAME, current.__wrapped__)  # type: ignore[union-attr]
+
+
+def _owner() -> type | None:
+    try:
+        from openai._base_client import BaseClient
+    except ImportError:
+        return None
+    return BaseClient if callable(BaseClient.__dict__.get(_NAME)) else None

@@ -1,0 +1,66 @@
+"""Number lists on SDK spans without the SDK's per-element checks in Python.
+
+The SDK's ``BoundedAttributes`` cleans a sequence value element by element in Python before it
+stores it as a tuple. Token-id and logprob lists are hundreds long and set on every LLM span, so
+that check was a large share of what recording them cost per call (see
+``benchmarks/capture_overhead.py``). When every element is already a plain ``int`` (ids) or a
+plain ``float``/``int`` (logprobs), which a set of the element types tells in C, the cleaned value
+is exactly ``tuple(values)``: ``set_number_lists`` stores that under the span's and the
+attributes' own locks, through the SDK's own limit handling (``_setitem_locked`` drops the
+oldest attribute when the span is full, as ``set_attribute`` would).
+
+Anything else takes the public path, ``span.set_attribute``: a span that is not the SDK's (a
+non-recording span, another SDK), an ended span (the SDK warns), a list with other element types,
+or an SDK whose private names differ from the ones this reads (checked once, at import).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace
+
+logger = logging.getLogger(__name__)
+
+try:
+    from opentelemetry.attributes import BoundedAttributes
+    from opentelemetry.sdk.trace import Span as _SdkSpan
+
+    _FAST = hasattr(BoundedAttributes, "_setitem_locked")
+except ImportError:  # pragma: no cover - the SDK is a dependency; an API-only process
+    _FAST = False
+
+_INTS = frozenset({int})
+_NUMBERS = frozenset({int, float})
+
+
+def _plain_numbers(values: Any) -> bool:
+    """A list of plain ints, or of plain floats and ints (no bools, no subclasses)."""
+    if type(values) is not list:
+        return False
+    kinds = set(map(type, values))
+    return kinds <= _NUMBERS
+
+
+def set_number_lists(span: trace.Span, lists: Mapping[str, list[Any]]) -> None:
+    """Set each ``key: list of numbers`` on ``span``, as ``set_attribute`` would store it."""
+    if not lists:
+        return
+    slow = dict(lists)
+    attributes = getattr(span, "_attributes", None)
+    if (_FAST and isinstance(span, _SdkSpan) and type(attributes) is BoundedAttributes
+            and not getattr(attributes, "_immutable", True)):
+        with span._lock:
+            if span._end_time is None:
+                with attributes._lock:
+                    for key, values in lists.items():
+                        if _plain_numbers(values):
+                            del slow[key]
+                            if attributes.maxlen == 0:
+                                attributes.dropped += 1
+                            else:
+                                attributes._setitem_locked(key, tuple(values))
+    for key, values in slow.items():
+        span.set_attribute(key, values)
