@@ -96,6 +96,10 @@ def worker(kind: str, n: int, pacing: str) -> dict:
     )
     from opentelemetry.trace import SpanKind
 
+    # torch-free, pyarrow-free: capture's own way of storing number lists (every exporter
+    # gets the same spans)
+    from agl_bridge.otel.attributes import set_number_lists
+
     tmp = Path(tempfile.mkdtemp(prefix="agl-bench-export-"))
     # seconds inside export(), spans exported, export() calls, ns of CPU of the exporting thread
     spent = [0.0, 0, 0, 0]
@@ -177,12 +181,14 @@ def worker(kind: str, n: int, pacing: str) -> dict:
             "agl_bridge.task.id": f"task-{(i // 64):05d}", "agl_bridge.turn.index": (i % 8) // 2,
             "agl_bridge.policy.version": "team@v3", "agl_bridge.llm.server": "vllm",
             "agl_bridge.llm.stream": False, "agl_bridge.llm.token_ids": "recorded",
+        }
+        span = tracer.start_span("chat team@v3", kind=SpanKind.CLIENT, attributes=attrs)
+        # the number lists as capture records them (integrations/openai/response.py)
+        set_number_lists(span, {
             "agl_bridge.llm.prompt_token_ids": pool[o:o + PROMPT_IDS].tolist(),
             "agl_bridge.llm.completion_token_ids":
                 pool[o + PROMPT_IDS - COMPLETION_IDS:o + PROMPT_IDS].tolist(),
-            "agl_bridge.llm.completion_logprobs": lp_pool[o:o + COMPLETION_IDS].tolist(),
-        }
-        span = tracer.start_span("chat team@v3", kind=SpanKind.CLIENT, attributes=attrs)
+            "agl_bridge.llm.completion_logprobs": lp_pool[o:o + COMPLETION_IDS].tolist()})
         c = time.thread_time_ns()
         span.end()
         end_cpu += time.thread_time_ns() - c

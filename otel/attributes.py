@@ -9,6 +9,11 @@ is exactly ``tuple(values)``: ``set_number_lists`` stores that under the span's 
 attributes' own locks, through the SDK's own limit handling (``_setitem_locked`` drops the
 oldest attribute when the span is full, as ``set_attribute`` would).
 
+The stored tuple says what was checked: ``IntList`` (plain ints) or ``FloatList`` (plain floats,
+and ints no larger than 2**53, so each is exactly a float). The Parquet exporter
+(``span_columns``) then puts such a list into its typed column without checking every element a
+second time; a list stored any other way is checked there.
+
 Anything else takes the public path, ``span.set_attribute``: a span that is not the SDK's (a
 non-recording span, another SDK), an ended span (the SDK warns), a list with other element types,
 or an SDK whose private names differ from the ones this reads (checked once, at import).
@@ -33,15 +38,38 @@ except ImportError:  # pragma: no cover - the SDK is a dependency; an API-only p
     _FAST = False
 
 _INTS = frozenset({int})
+_FLOATS = frozenset({float})
 _NUMBERS = frozenset({int, float})
+_FLOAT_EXACT_INT = 2**53
 
 
-def _plain_numbers(values: Any) -> bool:
-    """A list of plain ints, or of plain floats and ints (no bools, no subclasses)."""
+class IntList(tuple[int, ...]):
+    """A stored list attribute whose elements were checked to be plain ints."""
+
+    __slots__ = ()
+
+
+class FloatList(tuple[float, ...]):
+    """A stored list attribute of plain floats, and ints each exactly a float (|i| <= 2**53)."""
+
+    __slots__ = ()
+
+
+def _checked(values: Any) -> tuple[Any, ...] | None:
+    """``values`` as the tuple that records what it holds, or None if it is not a list of
+    plain numbers (no bools, no subclasses)."""
     if type(values) is not list:
-        return False
+        return None
     kinds = set(map(type, values))
-    return kinds <= _NUMBERS
+    if kinds <= _INTS:
+        return IntList(values)
+    if kinds <= _FLOATS:
+        return FloatList(values)
+    if kinds <= _NUMBERS:
+        if all(abs(v) <= _FLOAT_EXACT_INT for v in values if type(v) is int):
+            return FloatList(values)
+        return tuple(values)
+    return None
 
 
 def set_number_lists(span: trace.Span, lists: Mapping[str, list[Any]]) -> None:
@@ -56,11 +84,12 @@ def set_number_lists(span: trace.Span, lists: Mapping[str, list[Any]]) -> None:
             if span._end_time is None:
                 with attributes._lock:
                     for key, values in lists.items():
-                        if _plain_numbers(values):
+                        checked = _checked(values)
+                        if checked is not None:
                             del slow[key]
                             if attributes.maxlen == 0:
                                 attributes.dropped += 1
                             else:
-                                attributes._setitem_locked(key, tuple(values))
+                                attributes._setitem_locked(key, checked)
     for key, values in slow.items():
         span.set_attribute(key, values)

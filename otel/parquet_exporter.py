@@ -16,11 +16,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from agl_bridge.otel.parquet_writer import SpanParquetWriter
-from agl_bridge.otel.rows import rows_to_table, span_to_row
+from agl_bridge.otel.span_columns import spans_to_tables
+from agl_bridge.schema import SPAN_SCHEMA
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +30,15 @@ PARQUET_DIR_ENV = "AGL_BRIDGE_PARQUET_DIR"
 DEFAULT_PARQUET_DIR = "agl_bridge_traces"
 
 
-def spans_to_table(spans: Sequence[ReadableSpan]):
-    return rows_to_table([span_to_row(s) for s in spans])
+def spans_to_table(spans: Sequence[ReadableSpan]) -> pa.Table:
+    """Spans as one table of ``SPAN_SCHEMA`` rows (all partitions); raises on a span no row
+    can hold."""
+    made = spans_to_tables(spans)
+    if made.bad:
+        raise ValueError(f"span {made.bad[0][0].name!r}: {made.bad[0][1]}")
+    if not made.tables:
+        return SPAN_SCHEMA.empty_table()
+    return pa.concat_tables(made.tables.values())
 
 
 class ParquetSpanExporter(SpanExporter):
@@ -51,19 +60,16 @@ class ParquetSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self._shutdown:
             return SpanExportResult.FAILURE
-        rows, bad = [], []
-        for span in spans:
-            try:
-                rows.append(span_to_row(span))
-            except Exception as exc:  # a malformed span must not take the batch with it
-                bad.append({"error": f"{type(exc).__name__}: {exc}",
-                            "span": _span_json(span)})
         try:
-            self.writer.write_rows(rows)
-            if bad:
-                self.writer.quarantine(bad)
+            # a malformed span must not take the batch with it: it is quarantined
+            made = spans_to_tables(spans)
+            self.writer.write_tables(made.tables)
+            if made.bad:
+                self.writer.quarantine([{"error": why, "span": _span_json(span)}
+                                        for span, why in made.bad])
         except Exception:
-            logger.exception("agl_bridge: writing %d spans to %s failed", len(rows), self.directory)
+            logger.exception("agl_bridge: writing %d spans to %s failed", len(spans),
+                             self.directory)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 

@@ -26,11 +26,9 @@ see them.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
 import os
-import re
 import threading
 import time
 import uuid
@@ -39,8 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from agl_bridge.otel import recovery as _recovery
-from agl_bridge.otel.rows import rows_to_table
+from agl_bridge.otel.rows import partition_of, rows_to_table
 from agl_bridge.otel.wal import (
     WAL_DIR,
     LogFile,
@@ -55,7 +55,6 @@ from agl_bridge.schema import SPAN_SCHEMA
 logger = logging.getLogger(__name__)
 
 QUARANTINE_DIR = "_quarantine"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 #: The steps of a rotation, in order. After each one ``crash_hook`` (if set) is called with
 #: its name: a fault-injection point, so tests can kill a writer at every step.
@@ -69,10 +68,7 @@ def _step(name: str) -> None:
 
 
 def _partition(row: dict[str, Any]) -> str:
-    ns = row.get("start_time_unix_nano") or time.time_ns()
-    day = _dt.datetime.fromtimestamp(ns / 1e9, tz=_dt.timezone.utc).strftime("%Y-%m-%d")
-    service = _UNSAFE.sub("_", row.get("service_name") or "unknown")[:100]
-    return f"date={day}/service={service}"
+    return partition_of(row.get("start_time_unix_nano"), row.get("service_name"))
 
 
 @dataclass(eq=False)
@@ -147,9 +143,23 @@ class SpanParquetWriter:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"writer for {self.directory} is closed")
-            for partition, part_rows in by_partition.items():
+            self._append({p: rows_to_table(r) for p, r in by_partition.items()})
+
+    def write_tables(self, tables: dict[str, pa.Table]) -> None:
+        """Append Arrow tables of ``SPAN_SCHEMA`` rows, keyed by partition (``rows.partition_of``;
+        ``span_columns.spans_to_tables`` makes them): durable on return, like ``write_rows``."""
+        if not tables:
+            return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"writer for {self.directory} is closed")
+            self._append(tables)
+
+    def _append(self, tables: dict[str, pa.Table]) -> None:
+        """Caller holds the lock."""
+        for partition, table in tables.items():
+            if table.num_rows:
                 log = self._logs.get(partition) or self._open(partition)
-                table = rows_to_table(part_rows)
                 try:
                     log.file.append(table)
                 except BaseException:

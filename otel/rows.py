@@ -8,8 +8,11 @@ an OpenTelemetry log record (an event) becomes a row, whichever way it came.
 from __future__ import annotations
 
 import base64
+import datetime as _dt
 import hashlib
 import json
+import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -126,6 +129,20 @@ def span_to_row(span: ReadableSpan) -> dict[str, Any]:
         resource=span.resource.attributes if span.resource else None,
         scope_name=span.instrumentation_scope.name if span.instrumentation_scope else None,
     )
+
+
+_DAY_NS = 86_400 * 10**9
+_EPOCH = _dt.date(1970, 1, 1)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def partition_of(start_time_unix_nano: int | None, service_name: str | None) -> str:
+    """The hive partition of a row: ``date=YYYY-MM-DD/service=NAME``, the UTC day of the
+    span's start (now if it has none) and its service name made safe for a path."""
+    ns = start_time_unix_nano or time.time_ns()
+    day = _EPOCH + _dt.timedelta(days=ns // _DAY_NS)
+    service = _UNSAFE.sub("_", service_name or "unknown")[:100]
+    return f"date={day.isoformat()}/service={service}"
 
 
 def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:

@@ -1,0 +1,191 @@
+"""The exporter's column-wise batch conversion (``otel.span_columns``) against the reference
+(``rows.span_to_row`` + ``rows_to_table``): the same rows for every value a span can hold,
+hostile ones included, and no pandas import on the way."""
+
+import json
+import math
+import random
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from agl_bridge import semconv as sc
+from agl_bridge.otel.attributes import set_number_lists
+from agl_bridge.otel.rows import partition_of, rows_to_table, span_to_row
+from agl_bridge.otel.span_columns import spans_to_tables
+from agl_bridge.schema import SPAN_SCHEMA
+
+DAY = 86_400 * 10**9
+# values each promoted key is given across the spans: what fits its column and what does not
+HOSTILE = {
+    sc.PROMPT_TOKEN_IDS: [(1, 2, 3), (), [4, 5], (1, None, 3), (1, True), (2**31,), (-2**31 - 1,),
+                          (1, 2.5), (1.0, 2.0), ("a", "b"), "1,2", 7, (2**31 - 1, -2**31)],
+    sc.COMPLETION_LOGPROBS: [(-0.5, -1.25), (), (0, -1.5), (-0.5, None), (2**60, -1.0),
+                             (float("nan"),), (float("-inf"), -1.0), (True, -1.0), (1,),
+                             ("x",), -0.5],
+    sc.TURN_INDEX: [0, 3, -1, 2**31, -2**31 - 1, True, 1.0, "2", (1,)],
+    sc.REWARD_VALUE: [1.0, -0.5, 3, 2**53, 2**53 + 1, True, "1", float("inf"), float("nan")],
+    sc.EPISODE_ID: ["ep-1", "", "épisode ✓", 7, ("a",), True],
+}
+
+
+def _finished(build, resource=None):
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=resource or Resource.create({"service.name": "team"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    build(provider.get_tracer("scope.test"))
+    return list(memory.get_finished_spans())
+
+
+def _reference(spans):
+    rows = [span_to_row(s) for s in spans]
+    by: dict[str, list] = {}
+    for r in rows:
+        by.setdefault(partition_of(r["start_time_unix_nano"], r["service_name"]), []).append(r)
+    return {p: rows_to_table(rs) for p, rs in by.items()}
+
+
+def _same(got: dict[str, pa.Table], want: dict[str, pa.Table]):
+    assert got.keys() == want.keys()
+    for p in want:
+        assert got[p].schema.equals(SPAN_SCHEMA)
+        got[p].validate(full=True)
+        g, w = got[p].to_pylist(), want[p].to_pylist()
+        for a, b in zip(g, w, strict=True):
+            assert _nan_eq(a, b), f"{p}: {a} != {b}"
+
+
+def _nan_eq(a, b):
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_nan_eq(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_nan_eq(x, y) for x, y in zip(a, b))
+    if isinstance(a, str) and isinstance(b, str) and a.startswith(("{", "[")):
+        return _nan_eq(json.loads(a), json.loads(b))  # NaN in JSON text compares unequal
+    return type(a) is type(b) and a == b
+
+
+def test_every_hostile_value_lands_as_the_reference_puts_it():
+    rng = random.Random(3)
+
+    def build(tracer):
+        for i in range(300):
+            attrs = {key: rng.choice(values) for key, values in HOSTILE.items()
+                     if rng.random() < 0.7}
+            attrs["plain"] = rng.choice([1, "x", (1.5, 2.5), ("a",), True])
+            with tracer.start_as_current_span(f"s{i}", kind=SpanKind.CLIENT) as span:
+                span.set_attributes(attrs)
+                if i % 7 == 0:
+                    span.add_event("e", {"k": (1, 2)})
+                if i % 11 == 0:
+                    span.set_status(Status(StatusCode.ERROR, "boom"))
+                child = tracer.start_span("child", links=[Link(span.get_span_context(),
+                                                               {"w": 1})])
+                child.end()
+    spans = _finished(build)
+    made = spans_to_tables(spans)
+    assert made.bad == []
+    _same(made.tables, _reference(spans))
+
+
+def test_uniform_batches_take_the_fast_path_and_keep_exact_values():
+    ids = tuple(range(150_000 - 200, 150_000))
+
+    def build(tracer):
+        for i in range(64):
+            span = tracer.start_span("chat m", attributes={
+                sc.PROMPT_TOKEN_IDS: ids, sc.COMPLETION_TOKEN_IDS: ids[:5],
+                sc.COMPLETION_LOGPROBS: (-0.1 * i, -2.0), sc.TURN_INDEX: i,
+                sc.EPISODE_ID: f"ep{i}", sc.REWARD_VALUE: 0.5, "x": "y"})
+            span.end()
+    spans = _finished(build)
+    made = spans_to_tables(spans)
+    _same(made.tables, _reference(spans))
+    (table,) = made.tables.values()
+    assert table["prompt_token_ids"][5].as_py() == list(ids)
+    assert table["completion_logprobs"][3].as_py() == [-0.1 * 3, -2.0]
+    assert json.loads(table["attributes"][0].as_py()) == {"x": "y"}
+
+
+def test_partitions_follow_the_span_start_day_and_each_resource_service():
+    spans = []
+    for service in ("a", "b/../c", None):
+        res = Resource.create({"service.name": service} if service else {})
+        spans += _finished(lambda t: [t.start_span("x", start_time=d * DAY + 5)
+                                      .end(end_time=d * DAY + 9) for d in (0, 1, 20_000)], res)
+    made = spans_to_tables(spans)
+    assert made.bad == []
+    _same(made.tables, _reference(spans))
+    assert "date=2024-10-04/service=b_.._c" in made.tables
+    assert "date=1970-01-02/service=a" in made.tables
+
+
+def test_spans_no_row_can_hold_are_returned_with_the_reference_reason():
+    spans = _finished(lambda t: [t.start_span(n).end() for n in ("ok", "noname", "late", "\ud800")])
+    spans[1]._name = None
+    spans[2]._end_time = 2**64
+    made = spans_to_tables(spans)
+    why = {s.name if isinstance(s.name, str) else None: reason for s, reason in made.bad}
+    assert why[None] == "ValueError: span name must be a string, got NoneType"
+    assert "end time 18446744073709551616 is not an int64" in why["late"]
+    assert "surrogates not allowed" in why["\ud800"]  # no column can hold it: quarantined
+    (table,) = made.tables.values()
+    assert table["name"].to_pylist() == ["ok"]
+
+
+def test_no_pandas_import_on_the_export_path(tmp_path):
+    code = f"""
+import sys
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from agl_bridge.otel.parquet_exporter import ParquetSpanExporter
+from agl_bridge import semconv as sc
+exporter = ParquetSpanExporter({str(tmp_path)!r})
+p = TracerProvider(); p.add_span_processor(SimpleSpanProcessor(exporter))
+t = p.get_tracer("x")
+for i in range(3):
+    t.start_span("chat", attributes={{sc.PROMPT_TOKEN_IDS: (1, 2), sc.EPISODE_ID: "e",
+                                       sc.COMPLETION_LOGPROBS: (-0.5,)}}).end()
+p.shutdown()
+print("pandas" in sys.modules, exporter.spans_written)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "3"]
+
+
+GOOD = {sc.PROMPT_TOKEN_IDS: (5, 6), sc.COMPLETION_LOGPROBS: (-0.5,), sc.TURN_INDEX: 2,
+        sc.REWARD_VALUE: 0.5, sc.EPISODE_ID: "ep"}
+
+
+@pytest.mark.parametrize("via", ["set_attribute", "set_number_lists"])
+@pytest.mark.parametrize("key,value", [(k, v) for k, vs in HOSTILE.items() for v in vs])
+def test_one_odd_value_among_good_ones_lands_as_the_reference_puts_it(key, value, via):
+    """The fast checks are per column: one value that does not fit must be caught there,
+    whether it was stored by the SDK or by capture's checked path (IntList, FloatList)."""
+    def build(tracer):
+        for i in range(4):
+            span = tracer.start_span("s", attributes=GOOD)
+            if i == 2 and via == "set_number_lists" and isinstance(value, (list, tuple)):
+                set_number_lists(span, {key: list(value)})
+            elif i == 2:
+                span.set_attribute(key, value)
+            span.end()
+    spans = _finished(build)
+    _same(spans_to_tables(spans).tables, _reference(spans))
+
+
+@pytest.mark.parametrize("n", [1, 513])
+def test_batch_sizes(n):
+    spans = _finished(lambda t: [t.start_span("s", attributes={sc.TURN_INDEX: i % 3 or None})
+                                 .end() for i in range(n)])
+    _same(spans_to_tables(spans).tables, _reference(spans))
