@@ -92,6 +92,59 @@ def write_temp(table: pa.Table, path: str | os.PathLike[str], *, mode: int = 0o6
     return tmp
 
 
+def write_temp_batches(batches: Iterable[pa.RecordBatch], schema: pa.Schema,
+                       path: str | os.PathLike[str], *, row_group_size: int,
+                       mode: int = 0o600, memory_pool: pa.MemoryPool | None = None
+                       ) -> tuple[Path, int]:
+    """``write_temp`` for batches read one at a time: memory holds one row group of Arrow data
+    (``row_group_size`` rows), not the whole file. Returns (temporary, rows written); nothing
+    is left behind if this raises, and a temporary with no rows is left to the caller.
+    ``memory_pool``: where the Parquet writer allocates (Arrow's default pool when None).
+
+    After each row group the pool returns what it no longer uses to the system: mimalloc,
+    Arrow's default, otherwise keeps the freed encoding buffers of every row group resident
+    (figures: benchmarks/README.md, export memory)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))  # ours, owner-only
+    rows = 0
+    pool = memory_pool or pa.default_memory_pool()
+    try:
+        # Arrow's own file, not a Python one: pages are written from Arrow's buffers with no
+        # Python bytes copy of each
+        with pa.OSFile(str(tmp), "wb") as sink:
+            with pq.ParquetWriter(sink, schema, memory_pool=memory_pool,
+                                  **writer_options(schema)) as writer:
+                pending: list[pa.RecordBatch] = []
+                held = 0
+                for batch in batches:
+                    pending.append(batch)
+                    held += batch.num_rows
+                    if held >= row_group_size:
+                        table = pa.Table.from_batches(pending, schema=schema)
+                        cut = held - held % row_group_size
+                        writer.write_table(table.slice(0, cut), row_group_size=row_group_size)
+                        pending = table.slice(cut).to_batches()
+                        held -= cut
+                        rows += cut
+                        pool.release_unused()
+                if held:
+                    writer.write_table(pa.Table.from_batches(pending, schema=schema),
+                                       row_group_size=row_group_size)
+                    rows += held
+        pool.release_unused()
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp, rows
+
+
 def publish(tmp: Path, path: str | os.PathLike[str]) -> Path:
     """Second half: rename the temporary over ``path`` and fsync the directory, so that once
     this returns the file survives a power cut too (callers delete their source after it)."""

@@ -19,7 +19,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +117,21 @@ class LogFile:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
+
+
+def iter_log(path: Path, schema: pa.Schema, *, memory_pool: pa.MemoryPool | None = None
+             ) -> Iterator[pa.RecordBatch]:
+    """The batches of a whole log (one its writer closed), read one at a time, so memory holds
+    one batch, not the file. A log that is not whole raises: rotation then leaves it to
+    ``recover``, which reads what can be read (``read_log``)."""
+    with pa.OSFile(str(path)) as f:
+        reader = pa.ipc.open_stream(f, memory_pool=memory_pool)
+        partition = (reader.schema.metadata or {}).get(PARTITION_KEY, b"").decode(
+            errors="replace")
+        if not _PARTITION.match(partition):
+            raise UnreadableLog(f"no valid partition in its schema metadata ({partition!r})")
+        for batch in reader:
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
 
 
 @dataclass

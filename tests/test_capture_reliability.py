@@ -93,11 +93,12 @@ KILLED_AT_STEP = """
     w.flush()                                   # one complete file before the fault
     if step == "temp-half-written":             # killed inside the Parquet write itself
         import pyarrow.parquet as pq
-        def half(table, where, **kw):
-            where.write(b"PAR1" + b"x" * 500)
-            where.flush()
+        write = pq.ParquetWriter.write_table
+        def half(self, table, row_group_size=None):   # one row group out, then the kill
+            write(self, table.slice(0, 1), row_group_size=1)
+            self.file_handle.flush() if self.file_handle else None
             die()
-        pq.write_table = half
+        pq.ParquetWriter.write_table = half
     else:
         pw.crash_hook = lambda name: die() if name == step else None
     w.write_rows(rows("b", 7))
@@ -151,11 +152,12 @@ DIES_MID_WRITE = """
     w.flush()
     if how == "half-written":
         import pyarrow.parquet as pq
-        def half(table, where, **kw):
-            where.write(b"PAR1" + b"x" * 500)
-            where.flush()
+        write = pq.ParquetWriter.write_table
+        def half(self, table, row_group_size=None):   # one row group out, then the kill
+            write(self, table.slice(0, 1), row_group_size=1)
+            self.file_handle.flush() if self.file_handle else None
             die()
-        pq.write_table = half
+        pq.ParquetWriter.write_table = half
     else:                                        # complete temporary, killed before the rename
         os.replace = die
     w.write_rows(rows("b", 2))
@@ -282,10 +284,15 @@ def disk_full(table, where, **kw):
     raise OSError(28, "No space left on device")
 
 
+def disk_full_rotation(self, table, row_group_size=None):
+    """The same for the writer's rotation, which writes row group by row group."""
+    raise OSError(28, "No space left on device")
+
+
 def test_a_failed_rotation_is_retried_by_the_writer_and_new_batches_go_on(tmp_path, monkeypatch):
     writer = SpanParquetWriter(tmp_path, background_rotation=False)
     writer.write_rows(rows("f", 2))
-    monkeypatch.setattr(pq, "write_table", disk_full)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", disk_full_rotation)
     with pytest.raises(OSError, match="No space left"):
         writer.flush()
     writer.write_rows(rows("g", 1))  # accepted meanwhile, into a fresh log

@@ -143,11 +143,10 @@ def test_failed_rotation_keeps_the_log_for_recovery(tmp_path, make_spans, monkey
     exporter = ParquetSpanExporter(tmp_path, background_rotation=False)
     exporter.export(make_spans(lambda t: t.start_span("x").end()))
 
-    def broken(table, where, **kw):
-        where.write(b"PAR1 half a file")
+    def broken(self, table, row_group_size=None):  # the rotation writes row group by group
         raise OSError("disk full")
 
-    monkeypatch.setattr(pq, "write_table", broken)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", broken)
     with pytest.raises(OSError, match="disk full"):
         exporter.force_flush()
     monkeypatch.undo()
