@@ -7,19 +7,27 @@ Python compiling the line (measured: benchmarks/startup_hook.py). ``activate`` t
 * sets up export from the environment (``OTEL_TRACES_EXPORTER``: ``parquet`` by default,
   ``otlp``, or both; ``AGL_BRIDGE_PARQUET_DIR``; ``OTEL_SERVICE_NAME``; the standard
   ``OTEL_EXPORTER_OTLP_*``), reusing a provider the application sets (``DeferredTracing``);
-* turns on every agl-bridge instrumentor (entry points ``opentelemetry_instrumentor`` named
-  ``agl_bridge_*``), each when its framework is first imported, so a program that never
-  imports openai never pays for importing it;
+* turns on every agl-bridge instrumentor (``INSTRUMENTORS``: the wheel's entry points
+  ``opentelemetry_instrumentor`` named ``agl_bridge_*``, which a test keeps equal to it), each
+  when its framework is first imported, so a program that never imports openai never pays for
+  importing it. Neither the entry points nor the instrumentor classes are loaded at start-up:
+  scanning installed packages' metadata, the OpenTelemetry instrumentation base class and wrapt
+  (which imports asyncio) cost every process tens of milliseconds before its first line
+  (benchmarks/startup_hook.py); context into threads is installed at start-up directly;
 * never stops the program: a bad setting is reported on stderr and capture stays off.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
-from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
 from agl_bridge.capture import capture_level
+from agl_bridge.otel import thread_context
+from agl_bridge.otel.import_hooks import when_imported
 from agl_bridge.otel.setup import (
     DeferredTracing,
     EnsuringTracerProvider,
@@ -30,6 +38,18 @@ from agl_bridge.otel.setup import (
 AUTO_ENV = "AGL_BRIDGE_AUTO"
 ENTRY_POINT_GROUP = "opentelemetry_instrumentor"
 ENTRY_POINT_PREFIX = "agl_bridge_"
+#: entry-point name -> (the instrumentor, the top-level module whose import turns it on;
+#: None: turned on at start-up by ``thread_context.install`` rather than through its class)
+INSTRUMENTORS: dict[str, tuple[str, str | None]] = {
+    "agl_bridge_openai": ("agl_bridge.integrations.openai:OpenAIInstrumentor", "openai"),
+    "agl_bridge_routing": ("agl_bridge.integrations.openai:RoutingInstrumentor", "openai"),
+    "agl_bridge_langchain": ("agl_bridge.integrations.langchain:LangChainInstrumentor",
+                             "langchain_core"),
+    "agl_bridge_autogen": ("agl_bridge.integrations.autogen:AutoGenInstrumentor",
+                           "autogen_agentchat"),
+    "agl_bridge_massgen": ("agl_bridge.integrations.massgen:MassGenInstrumentor", "massgen"),
+    "agl_bridge_threads": ("agl_bridge.otel.threads:ThreadContextInstrumentor", None),
+}
 _TRUE = ("1", "true", "yes", "on")
 
 _state: DeferredTracing | None = None
@@ -48,9 +68,12 @@ def activate() -> DeferredTracing | None:
     try:
         capture_level()  # a bad AGL_BRIDGE_CAPTURE is reported now, not at the first call
         _state = configure_deferred()
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name.startswith(ENTRY_POINT_PREFIX):
-                _schedule(ep)
+        for name, (target, module) in INSTRUMENTORS.items():
+            if module is None:
+                thread_context.install()
+                instrumented.append(name)
+            else:
+                when_imported(module, functools.partial(_on_import, name, target))
     except Exception as exc:
         warn(f"{AUTO_ENV} is set but start-up failed ({type(exc).__name__}: {exc}); "
              f"the program runs without agl-bridge capture")
@@ -58,22 +81,21 @@ def activate() -> DeferredTracing | None:
     return _state
 
 
-def _schedule(ep: Any) -> None:
+def _on_import(name: str, target: str, _module: ModuleType) -> None:
+    _instrument(name, target)
+
+
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _instrument(name: str, target: str) -> None:
     try:
-        cls = ep.load()
+        cls = _load(target)
     except Exception as exc:
-        warn(f"cannot load instrumentor {ep.name} ({ep.value}): {exc}")
+        warn(f"cannot load instrumentor {name} ({target}): {exc}")
         return
-    module = getattr(cls, "hook_module", None)
-    if module is None:
-        _instrument(ep.name, cls)
-        return
-    import wrapt
-
-    wrapt.register_post_import_hook(lambda _mod: _instrument(ep.name, cls), module)
-
-
-def _instrument(name: str, cls: Any) -> None:
     try:
         cls().instrument(tracer_provider=EnsuringTracerProvider())
         instrumented.append(name)
