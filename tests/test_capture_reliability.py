@@ -66,13 +66,22 @@ def dead_pid() -> int:
 
 
 def child_code(code: str) -> str:
-    """A child script: ``rows`` from this file, the writer module as ``pw``, and ``die()``."""
+    """A child script: ``rows`` from this file, the writer module as ``pw``, ``die()``, and
+    ``die_after_one_row_group()`` (the next Parquet write is killed inside the file)."""
     return textwrap.dedent("""
         import os, signal, sys
+        import pyarrow.parquet as pq
         from tests.test_capture_reliability import rows
         from agl_bridge.otel import parquet_writer as pw
         def die(*_a, **_k):
             os.kill(os.getpid(), signal.SIGKILL)
+        def die_after_one_row_group():
+            write = pq.ParquetWriter.write_table
+            def half(self, table, row_group_size=None):
+                write(self, table.slice(0, 1), row_group_size=1)
+                self.file_handle.flush() if self.file_handle else None
+                die()
+            pq.ParquetWriter.write_table = half
     """) + textwrap.dedent(code)
 
 
@@ -92,13 +101,7 @@ KILLED_AT_STEP = """
     w.write_rows(rows("a", 5))
     w.flush()                                   # one complete file before the fault
     if step == "temp-half-written":             # killed inside the Parquet write itself
-        import pyarrow.parquet as pq
-        write = pq.ParquetWriter.write_table
-        def half(self, table, row_group_size=None):   # one row group out, then the kill
-            write(self, table.slice(0, 1), row_group_size=1)
-            self.file_handle.flush() if self.file_handle else None
-            die()
-        pq.ParquetWriter.write_table = half
+        die_after_one_row_group()
     else:
         pw.crash_hook = lambda name: die() if name == step else None
     w.write_rows(rows("b", 7))
@@ -151,13 +154,7 @@ DIES_MID_WRITE = """
     w.write_rows(rows("a", 3))
     w.flush()
     if how == "half-written":
-        import pyarrow.parquet as pq
-        write = pq.ParquetWriter.write_table
-        def half(self, table, row_group_size=None):   # one row group out, then the kill
-            write(self, table.slice(0, 1), row_group_size=1)
-            self.file_handle.flush() if self.file_handle else None
-            die()
-        pq.ParquetWriter.write_table = half
+        die_after_one_row_group()
     else:                                        # complete temporary, killed before the rename
         os.replace = die
     w.write_rows(rows("b", 2))
