@@ -9,10 +9,10 @@ import importlib.resources
 import subprocess
 import sys
 import threading
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from agl_bridge.otel import auto, thread_context
 from agl_bridge.otel.import_hooks import when_imported
