@@ -93,3 +93,45 @@ def set_number_lists(span: trace.Span, lists: Mapping[str, list[Any]]) -> None:
                                 attributes._setitem_locked(key, checked)
     for key, values in slow.items():
         span.set_attribute(key, values)
+
+
+_SCALARS = frozenset({str, bool, int, float})
+
+
+def attribute_dict(span: Any) -> Mapping[str, Any]:
+    """The attributes a span holds now, read from the SDK's own dict where it has one (no copy,
+    no read-only view made per call); never modify it."""
+    raw = getattr(span, "_attributes", None)
+    if type(raw) is BoundedAttributes:
+        inner = getattr(raw, "_dict", None)
+        if type(inner) is dict:
+            return inner
+    return getattr(span, "attributes", None) or {}
+
+
+def set_scalars(span: trace.Span, attributes: Mapping[str, Any]) -> None:
+    """``span.set_attributes(attributes)``, stored without the SDK's per-value checks where every
+    value is a plain ``str``, ``bool``, ``int`` or ``float`` (which those checks return
+    unchanged); a string longer than the span's value-length limit, or any other value, takes
+    the public path."""
+    if not attributes:
+        return
+    slow = dict(attributes)
+    target = getattr(span, "_attributes", None)
+    if (_FAST and isinstance(span, _SdkSpan) and type(target) is BoundedAttributes
+            and not getattr(target, "_immutable", True)):
+        limit = target.max_value_len
+        with span._lock:
+            if span._end_time is None:
+                with target._lock:
+                    for key, value in attributes.items():
+                        kind = type(value)
+                        if kind in _SCALARS and key and type(key) is str and (
+                                limit is None or kind is not str or len(value) <= limit):
+                            del slow[key]
+                            if target.maxlen == 0:
+                                target.dropped += 1
+                            else:
+                                target._setitem_locked(key, value)
+    if slow:
+        span.set_attributes(slow)

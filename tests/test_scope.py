@@ -96,3 +96,48 @@ def test_turn_and_candidate_refuse_bad_indices():
     with pytest.raises(ValueError, match="name"):
         with agl_bridge.agent(""):
             pass
+
+
+def test_foreign_spans_get_the_scope_without_losing_their_own_attributes():
+    """ScopeSpanProcessor, as frameworks' own spans meet it: stamped, never overriding, right
+    after a scope changes, and stored exactly as set_attributes stores them."""
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agl_bridge.otel.processors import ScopeSpanProcessor
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attribute_length=4))
+    provider.add_span_processor(ScopeSpanProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("autogen core")
+    with agl_bridge.scope.scoped(episode_id="episode-1", agent_name="ab", turn_index=3):
+        tracer.start_span("own", attributes={sc.GEN_AI_AGENT_NAME: "mine"}).end()
+        with agl_bridge.scope.scoped(turn_index=4):
+            tracer.start_span("next").end()
+    tracer.start_span("outside").end()
+    own, nxt, outside = (dict(s.attributes) for s in memory.get_finished_spans())
+    # the framework's own agent name stays; the long episode id is cut to the span's value
+    # limit, as the SDK's own path cuts it
+    assert own == {sc.GEN_AI_AGENT_NAME: "mine", sc.EPISODE_ID: "epis", sc.TURN_INDEX: 3}
+    assert nxt == {sc.EPISODE_ID: "epis", sc.GEN_AI_AGENT_NAME: "ab", sc.TURN_INDEX: 4}
+    assert outside == {}
+
+
+def test_set_scalars_stores_what_set_attributes_stores():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from agl_bridge.otel.attributes import set_scalars
+
+    tracer = TracerProvider().get_tracer("t")
+    values = {"s": "x", "b": True, "i": 2**70, "f": -0.5, "list": [1, 2], "none": None, "": 1}
+    fast, slow = tracer.start_span("fast"), tracer.start_span("slow")
+    set_scalars(fast, values)
+    slow.set_attributes(values)
+    assert dict(fast.attributes) == dict(slow.attributes)
+    assert [type(v) for v in fast.attributes.values()] == \
+        [type(v) for v in slow.attributes.values()]
+    fast.end()
+    set_scalars(fast, {"late": 1})  # an ended span: the SDK's own warning, nothing stored
+    assert "late" not in fast.attributes
