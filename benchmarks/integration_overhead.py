@@ -292,7 +292,7 @@ def main() -> None:
         pairs, runs = FRAMEWORKS[f][2 if args.quick else 1]
         return args.pairs or pairs, args.runs or runs
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT))  # tests.scripted_server
     from tests.scripted_server import ScriptedServer
 
     load_start = os.getloadavg()[0]
