@@ -65,6 +65,8 @@ class SpanTables:
 
 
 def spans_to_tables(spans: Sequence[ReadableSpan]) -> SpanTables:
+    """The batch as one table per partition (``rows.partition_of``), and the spans no row can
+    hold, each with the reason, for the caller to quarantine."""
     out = SpanTables()
     groups: dict[str, list[ReadableSpan]] = {}
     services: dict[int, str | None] = {}
