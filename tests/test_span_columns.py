@@ -189,3 +189,16 @@ def test_batch_sizes(n):
     spans = _finished(lambda t: [t.start_span("s", attributes={sc.TURN_INDEX: i % 3 or None})
                                  .end() for i in range(n)])
     _same(spans_to_tables(spans).tables, _reference(spans))
+
+
+def test_numbers_read_back_from_buffers_longer_than_their_values():
+    """``pa.nulls`` gives an empty list column's values a buffer of odd length; readers that take
+    numbers straight from Arrow buffers (``trainer.arrow.to_numpy``) must read only the values."""
+    from agl_bridge.trainer.arrow import to_numpy
+
+    spans = _finished(lambda t: t.start_span("s", attributes={sc.EPISODE_ID: "e"}).end())
+    (table,) = spans_to_tables(spans).tables.values()
+    values = table["completion_logprobs"].combine_chunks().values
+    assert to_numpy(values).tolist() == []
+    padded = pa.Array.from_buffers(pa.float64(), 2, [None, pa.py_buffer(b"\0" * 8 * 2 + b"xyz")])
+    assert to_numpy(padded).tolist() == [0.0, 0.0]

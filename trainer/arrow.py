@@ -58,7 +58,9 @@ def to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     buf = a.buffers()[1]
     if buf is None:
         return np.zeros(0, dtype)
-    return np.frombuffer(buf, dtype)[a.offset:a.offset + len(a)]
+    # a buffer may be longer than its values need, by any number of bytes (``pa.nulls`` gives
+    # an empty list's values a 52-byte one): read only the values
+    return np.frombuffer(buf, dtype, count=a.offset + len(a))[a.offset:]
 
 
 def lit(value: str | bool | int | float, typ: pa.DataType | None = None) -> pa.Scalar:
