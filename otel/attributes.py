@@ -22,7 +22,7 @@ or an SDK whose private names differ from the ones this reads (checked once, at 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -72,30 +72,47 @@ def _checked(values: Any) -> tuple[Any, ...] | None:
     return None
 
 
+def _store(span: trace.Span, attributes: Mapping[str, Any],
+           accept: Callable[[BoundedAttributes, str, Any], Any]) -> dict[str, Any]:
+    """Store, under the span's and its attributes' locks and through the SDK's own limit
+    handling, each value that ``accept(attributes, key, value)`` turns into exactly what the SDK
+    would store (None: not this way). Returns the rest, for the public path."""
+    slow = dict(attributes)
+    target = getattr(span, "_attributes", None)
+    if (_FAST and isinstance(span, _SdkSpan) and type(target) is BoundedAttributes
+            and not getattr(target, "_immutable", True)):
+        with span._lock:
+            if span._end_time is None:
+                with target._lock:
+                    for key, value in attributes.items():
+                        stored = accept(target, key, value)
+                        if stored is not None:
+                            del slow[key]
+                            if target.maxlen == 0:
+                                target.dropped += 1
+                            else:
+                                target._setitem_locked(key, stored)
+    return slow
+
+
 def set_number_lists(span: trace.Span, lists: Mapping[str, list[Any]]) -> None:
     """Set each ``key: list of numbers`` on ``span``, as ``set_attribute`` would store it."""
     if not lists:
         return
-    slow = dict(lists)
-    attributes = getattr(span, "_attributes", None)
-    if (_FAST and isinstance(span, _SdkSpan) and type(attributes) is BoundedAttributes
-            and not getattr(attributes, "_immutable", True)):
-        with span._lock:
-            if span._end_time is None:
-                with attributes._lock:
-                    for key, values in lists.items():
-                        checked = _checked(values)
-                        if checked is not None:
-                            del slow[key]
-                            if attributes.maxlen == 0:
-                                attributes.dropped += 1
-                            else:
-                                attributes._setitem_locked(key, checked)
-    for key, values in slow.items():
+    for key, values in _store(span, lists, lambda _t, _k, v: _checked(v)).items():
         span.set_attribute(key, values)
 
 
 _SCALARS = frozenset({str, bool, int, float})
+
+
+def _plain_scalar(target: BoundedAttributes, key: str, value: Any) -> Any:
+    kind = type(value)
+    if kind in _SCALARS and key and type(key) is str and (
+            target.max_value_len is None or kind is not str
+            or len(value) <= target.max_value_len):
+        return value
+    return None
 
 
 def attribute_dict(span: Any) -> Mapping[str, Any]:
@@ -116,22 +133,6 @@ def set_scalars(span: trace.Span, attributes: Mapping[str, Any]) -> None:
     the public path."""
     if not attributes:
         return
-    slow = dict(attributes)
-    target = getattr(span, "_attributes", None)
-    if (_FAST and isinstance(span, _SdkSpan) and type(target) is BoundedAttributes
-            and not getattr(target, "_immutable", True)):
-        limit = target.max_value_len
-        with span._lock:
-            if span._end_time is None:
-                with target._lock:
-                    for key, value in attributes.items():
-                        kind = type(value)
-                        if kind in _SCALARS and key and type(key) is str and (
-                                limit is None or kind is not str or len(value) <= limit):
-                            del slow[key]
-                            if target.maxlen == 0:
-                                target.dropped += 1
-                            else:
-                                target._setitem_locked(key, value)
+    slow = _store(span, attributes, _plain_scalar)
     if slow:
         span.set_attributes(slow)
