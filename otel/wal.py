@@ -15,6 +15,7 @@ what makes rotation idempotent under a kill at any step, with no second record t
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+
+logger = logging.getLogger(__name__)
 
 WAL_DIR = "_wal"
 LOG_SUFFIX = ".arrows"
@@ -121,17 +124,30 @@ class LogFile:
 
 def iter_log(path: Path, schema: pa.Schema, *, memory_pool: pa.MemoryPool | None = None
              ) -> Iterator[pa.RecordBatch]:
-    """The batches of a whole log (one its writer closed), read one at a time, so memory holds
-    one batch, not the file. A log that is not whole raises: rotation then leaves it to
-    ``recover``, which reads what can be read (``read_log``)."""
+    """The whole batches of a log its writer closed, read one at a time, so memory holds one
+    batch, not the file. A torn last batch (an append whose cut-back failed) ends the log, as
+    in ``read_log``, and is logged; an I/O error raises (rotation retries, or ``recover``)."""
     with pa.OSFile(str(path)) as f:
         reader = pa.ipc.open_stream(f, memory_pool=memory_pool)
-        partition = (reader.schema.metadata or {}).get(PARTITION_KEY, b"").decode(
-            errors="replace")
-        if not _PARTITION.match(partition):
-            raise UnreadableLog(f"no valid partition in its schema metadata ({partition!r})")
-        for batch in reader:
+        _partition_of(reader.schema)
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except pa.ArrowInvalid as exc:
+                logger.warning("agl_bridge: %s ends in a torn batch (%s); the batches before "
+                               "it are kept", path, exc)
+                return
             yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+
+def _partition_of(schema: pa.Schema) -> str:
+    """The partition a log's schema names; ``UnreadableLog`` if it names none we write."""
+    partition = (schema.metadata or {}).get(PARTITION_KEY, b"").decode(errors="replace")
+    if not _PARTITION.match(partition):
+        raise UnreadableLog(f"no valid partition in its schema metadata ({partition!r})")
+    return partition
 
 
 @dataclass
@@ -162,9 +178,7 @@ def read_log(path: Path, *, memory_map: bool = False) -> LogContents:
         reader = pa.ipc.open_stream(source)
     except (pa.ArrowInvalid, OSError) as exc:
         raise UnreadableLog(f"not an Arrow IPC stream ({exc})") from exc
-    partition = (reader.schema.metadata or {}).get(PARTITION_KEY, b"").decode(errors="replace")
-    if not _PARTITION.match(partition):
-        raise UnreadableLog(f"no valid partition in its schema metadata ({partition!r})")
+    partition = _partition_of(reader.schema)
     batches, cut = [], None
     while True:
         try:

@@ -25,7 +25,7 @@ import pytest
 
 from agl_bridge.otel import SpanParquetWriter
 from agl_bridge.otel import parquet_writer as pw
-from agl_bridge.otel.rows import build_row
+from agl_bridge.otel.rows import build_row, rows_to_table
 from agl_bridge.parquet_io import TMP_PREFIX, iter_parquet_files
 
 STEPS = ("log-closed", "temp-written", "renamed", "log-deleted")
@@ -463,3 +463,18 @@ def test_zero_code_capture_killed_keeps_every_span_that_ended_before_the_bound(t
                if {(f"ep-{i:06d}", "agl_bridge.episode"), (f"ep-{i:06d}", "invoke_agent solver")}
                - on_disk]
     assert missing == []
+
+
+def test_a_rotation_keeps_the_whole_batches_of_a_log_with_a_torn_tail(tmp_path, caplog):
+    """An append whose cut-back failed leaves half a batch at the end of the writer's own log:
+    rotation keeps the batches before it (as recovery would) instead of failing forever."""
+    writer = SpanParquetWriter(tmp_path, background_rotation=False)
+    writer.write_rows(rows("t", 3))
+    (log,) = writer._logs.values()
+    batch = rows_to_table(rows("x", 2)).to_batches()[0].serialize().to_pybytes()
+    with open(log.path, "ab") as f:
+        f.write(batch[: len(batch) // 2])
+    writer.flush()
+    assert names_on_disk(tmp_path) == ["t0", "t1", "t2"] and leftovers(tmp_path) == []
+    assert "ends in a torn batch" in caplog.text
+    writer.close()
