@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
 
-from agl_bridge.otel.attributes import FloatList, IntList
+from agl_bridge.otel.attributes import FloatList, IntList, attribute_dict
 from agl_bridge.otel.rows import (
     _INT32_MAX,
     _INT32_MIN,
@@ -192,16 +191,10 @@ def _table(spans: list[ReadableSpan]) -> pa.Table:
 
 
 def _attributes(span: ReadableSpan) -> dict[str, Any]:
-    """A finished span's attributes as a plain dict, not copied: an SDK span's
-    ``BoundedAttributes`` is immutable once the span ended, and reading its dict directly
-    skips a Python-level ``__getitem__`` per lookup (the read-only view ``span.attributes``
-    goes through one)."""
-    raw = getattr(span, "_attributes", None)
-    if type(raw) is BoundedAttributes and getattr(raw, "_immutable", False):
-        inner = getattr(raw, "_dict", None)
-        if type(inner) is dict:
-            return inner
-    return dict(span.attributes or {})
+    """A finished span's attributes as a plain dict, not copied where the SDK's own dict can be
+    read (``attributes.attribute_dict``: no Python-level lookup per key)."""
+    attrs = attribute_dict(span)
+    return attrs if type(attrs) is dict else dict(attrs)
 
 
 def _rest_json(attrs: dict[str, Any], whole: set[str], some: list[str]) -> str | None:
@@ -269,7 +262,7 @@ def _promoted(values: list[Any], typ: pa.DataType) -> tuple[pa.Array, list[int] 
             column.append(converted)
         else:
             column.append(None)
-    return _slow_column(column, typ), taken
+    return pa.array(column, type=typ), taken  # the reference conversion (rare)
 
 
 def _number_lists(values: list[Any], typ: pa.DataType, kinds: set[type]
@@ -342,9 +335,3 @@ def _numbers(values: list[Any], code: str, typ: pa.DataType) -> pa.Array:
     data = array(code, [0 if v is None else v for v in values] if missing else values)
     return pa.Array.from_buffers(typ, len(values), [
         _validity(values) if missing else None, pa.py_buffer(data)])
-
-
-def _slow_column(column: list[Any], typ: pa.DataType) -> pa.Array:
-    """A column some values of which did not pass the fast checks (rare): the reference
-    conversion."""
-    return pa.array(column, type=typ)
