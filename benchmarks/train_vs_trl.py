@@ -225,7 +225,8 @@ def worker_ours(spec: dict) -> dict:
                      gradient_accumulation_steps=PROMPTS_PER_STEP * GENERATIONS // MICRO_BATCH,
                      loss_type="bnpo", beta=0.0, lora_r=LORA_R, lora_alpha=LORA_ALPHA,
                      lora_dropout=0.0, lora_target_modules=list(TARGETS),
-                     gradient_checkpointing=spec["gradient_checkpointing"], seed=spec["seed"])
+                     gradient_checkpointing=spec["gradient_checkpointing"], seed=spec["seed"],
+                     share_prompts=spec["trainer"] != "ours-unpacked")
     clock = _Phases()
     out_root = Path(tempfile.mkdtemp(prefix="agl-train-bench-"))
     try:
@@ -240,7 +241,7 @@ def worker_ours(spec: dict) -> dict:
     for m in result.metrics:  # by micro-batch: m["step"] counts steps done *after* it
         tokens_per_step[m["micro_batch"] // cfg.gradient_accumulation_steps] += m["tokens"]
     return {
-        "trainer": "ours", "steps": result.steps, "step_times": clock.times,
+        "trainer": spec["trainer"], "steps": result.steps, "step_times": clock.times,
         "tokens_per_step": tokens_per_step,
         "prompt_tokens": len(rows[0]["prompt_ids"]),
         "train_call_s": total, "rss_start_mb": rss_start, "rss_imports_mb": rss_imports,
@@ -477,7 +478,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="steps not measured (default 1)")
     ap.add_argument("--repeats", type=int, help="fresh processes per configuration (default 2)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", choices=("ours", "trl"), help="run one trainer only")
+    ap.add_argument("--only", choices=("ours", "ours-unpacked", "trl"),
+                    help="run one trainer only")
     ap.add_argument("--gc", choices=("off", "on", "both"), default="both",
                     help="gradient checkpointing settings to run (default both)")
     ap.add_argument("--completion-tokens", type=int, default=COMPLETION_TOKENS,
@@ -499,7 +501,7 @@ def main() -> None:
 
     if args.worker:
         spec = json.loads(args.worker)
-        fn = worker_ours if spec["trainer"] == "ours" else worker_trl
+        fn = worker_ours if spec["trainer"].startswith("ours") else worker_trl
         print(json.dumps(fn(spec)), flush=True)
         return
 
@@ -513,8 +515,9 @@ def main() -> None:
     from train_models import ensure_model
 
     model_dir = ensure_model(args.model)
-    trainers = [args.only] if args.only else ["ours", "trl"]
-    pythons: dict[str, Path] = {"ours": Path(sys.executable)}
+    trainers = [args.only] if args.only else ["ours", "ours-unpacked", "trl"]
+    pythons: dict[str, Path] = {"ours": Path(sys.executable),
+                                "ours-unpacked": Path(sys.executable)}
     venv_note = "-"
     if "trl" in trainers:
         trl_python, venv_note = ensure_trl_venv(log)
@@ -524,7 +527,7 @@ def main() -> None:
         else:
             pythons["trl"] = trl_python
             if args.ours_venv == "trl":
-                pythons["ours"] = trl_python
+                pythons["ours"] = pythons["ours-unpacked"] = trl_python
     gcs = {"off": [False], "on": [True], "both": [False, True]}[args.gc]
     configs = [(t, gc) for gc in gcs for t in trainers]
     timeout = max(600, 120 * steps) if args.model == "smollm2" else 300
@@ -606,7 +609,7 @@ def main() -> None:
     def r(a, b, key):
         return "-" if a.get(key) is None or not b.get(key) else f"{a[key] / b[key]:.2f}"
 
-    head = (f"{'checkpointing':<14}{'trainer':<9}{'tokens/s':>9}{'s/step':>8}{'(min..max)':>13}"
+    head = (f"{'checkpointing':<14}{'trainer':<15}{'tokens/s':>9}{'s/step':>8}{'(min..max)':>13}"
             f"{'tok/CPU-s':>10}{'peak RSS':>10}{'load pk':>9}{'train pk':>10}{'TRL gen s':>10}"
             f"{'gen pk':>8}")
     print(head)
@@ -617,17 +620,17 @@ def main() -> None:
         for t in trainers:
             a = agg(t, gc)
             if a is None:
-                print(f"{label:<14}{t:<9}{'failed':>9}")
+                print(f"{label:<14}{t:<15}{'failed':>9}")
                 continue
             rng_ = f"{a['s_per_step_min']:.2f}..{a['s_per_step_max']:.2f}"
-            print(f"{label:<14}{t:<9}{a['tokens_per_s']:>9.1f}{a['s_per_step']:>8.2f}{rng_:>13}"
+            print(f"{label:<14}{t:<15}{a['tokens_per_s']:>9.1f}{a['s_per_step']:>8.2f}{rng_:>13}"
                   f"{a['tokens_per_cpu_s']:>10.1f}{f(a['peak_rss_mb']):>10}"
                   f"{f(a['load_peak_mb']):>9}{f(a['train_peak_mb']):>10}"
                   f"{f(a['gen_s_per_step'], '.2f'):>10}{f(a['gen_peak_mb']):>8}")
             rows_json.append({"trainer": t, "gradient_checkpointing": gc, **a})
         o, p = agg("ours", gc), agg("trl", gc)
         if o and p:
-            print(f"{label:<14}{'ours/TRL':<9}{r(o, p, 'tokens_per_s'):>9}"
+            print(f"{label:<14}{'ours/TRL':<15}{r(o, p, 'tokens_per_s'):>9}"
                   f"{r(o, p, 's_per_step'):>8}{'':>13}{r(o, p, 'tokens_per_cpu_s'):>10}"
                   f"{r(o, p, 'peak_rss_mb'):>10}{r(o, p, 'load_peak_mb'):>9}"
                   f"{r(o, p, 'train_peak_mb'):>10}")

@@ -33,6 +33,10 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     seed: int = 0
     group_by_length: bool = False  # batches of similar length: less padding
+    # transitions with the same prompt (a GRPO group, tree-sampling candidates) share a
+    # micro-batch and run the prompt once, in one row with a mask that keeps their completions
+    # apart: the same log-probabilities and gradients for fewer positions (data.pack_rows)
+    share_prompts: bool = True
     gradient_checkpointing: bool = False
     bf16: bool | None = None  # default: on when training on a GPU
     lora_r: int = 8

@@ -35,12 +35,13 @@ from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, n
 from agl_bridge.trainer.rewards.advantages import group_advantages
 from agl_bridge.trainer.training.checkpoints import load_checkpoint, save_checkpoint
 from agl_bridge.trainer.training.config import GRPOConfig, Policy, TrainResult
-from agl_bridge.trainer.training.data import batches, collate, read_transitions
+from agl_bridge.trainer.training.data import batches, collate, pack_rows, read_transitions
 from agl_bridge.trainer.training.distributed import all_reduce_grads, world_and_rank
 from agl_bridge.trainer.training.losses import grpo_clip_loss, importance_weights
 from agl_bridge.trainer.training.model import (
     completion_logprobs,
     load_policy,
+    packing_support,
     peft_name,
     trainable,
 )
@@ -136,6 +137,9 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     max_len = cfg.max_completion_length or max((len(r["completion_ids"]) for r in rows),
                                                default=1)
     lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
+    can_pack, hidden_size, max_row = packing_support(model)
+    pack = cfg.share_prompts and can_pack
+    keys = [tuple(r["prompt_ids"]) for r in rows] if pack else None
 
     plan: list[tuple[str, list[int]]] = []  # (adapter, transition indices) per micro-batch
     for _ in range(cfg.num_train_epochs):
@@ -143,7 +147,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         for name in names:
             mine = [i for i, r in enumerate(rows) if r["adapter"] == name]
             epoch += [(name, b) for b in batches(mine, cfg.per_device_train_batch_size, rng,
-                                                  lengths if cfg.group_by_length else None)]
+                                                  lengths if cfg.group_by_length else None,
+                                                  keys)]
         rng.shuffle(epoch)
         plan += epoch
     if world > 1:  # the same plan on every rank (same seed): each takes its share, equal counts
@@ -168,7 +173,11 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             break
         t0 = time.perf_counter()
         model.set_adapter(peft_name(name))
-        batch = collate([rows[i] for i in idx], pad_id, device)
+        part = [rows[i] for i in idx]
+        packing = pack_rows([r["prompt_ids"] for r in part],
+                            [len(r["completion_ids"]) for r in part], hidden_size,
+                            max_row) if pack else None
+        batch = collate(part, pad_id, device, packing, model.dtype)
         logp = completion_logprobs(model, batch)
         for j, i in enumerate(idx):  # first visit: on-policy (ratio 1); later epochs clip
             old.setdefault(i, logp[j].detach().clone())

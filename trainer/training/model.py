@@ -21,14 +21,28 @@ def completion_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     body = getattr(lm, lm.base_model_prefix)  # the decoder stack without its LM head
     head = model.get_output_embeddings()
     hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                  use_cache=False).last_hidden_state
-    idx = batch["positions"].unsqueeze(-1).expand(-1, -1, hidden.size(-1))
-    picked = hidden.gather(1, idx)  # [B, C, H]
+                  position_ids=batch.get("position_ids"), use_cache=False).last_hidden_state
+    b, c = batch["index"].shape
+    picked = hidden.reshape(-1, hidden.size(-1)).index_select(0, batch["index"].reshape(-1))
+    picked = picked.view(b, c, -1)  # [B, C, H]: the positions predicting each target
     if type(head) is not torch.nn.Linear:  # e.g. a LoRA-wrapped head: its own forward
         return token_logprobs(head(picked), batch["targets"])
-    b, c, h = picked.shape
-    return linear_token_logprobs(picked.reshape(b * c, h), head.weight,
+    return linear_token_logprobs(picked.reshape(b * c, -1), head.weight,
                                  batch["targets"].reshape(b * c), head.bias).view(b, c)
+
+
+def packing_support(model) -> tuple[bool, int, int | None]:
+    """Whether this model takes packed rows (a custom 4-D additive mask: the ``sdpa`` and
+    ``eager`` attention of transformers; flash-attention kernels take no arbitrary mask), its
+    hidden size (for ``data.row_cost``) and the longest packed row it allows (a sliding window
+    would otherwise cut differently in a long packed row than in each sequence's own)."""
+    config = model.config
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    return impl in ("sdpa", "eager") and hidden > 0, hidden, window
 
 
 def device_and_dtype(cfg: GRPOConfig) -> tuple[torch.device, torch.dtype]:
