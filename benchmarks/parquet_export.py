@@ -41,6 +41,11 @@ application's own thread pays), with the number of ``export()`` calls. A paced r
 makes pyarrow's one-time import of pandas, untimed. All exporters run in shuffled order, each
 in fresh processes, so old and new alternate in the same run.
 
+The allocator. ``ours`` and ``ours_5s`` start with the environment zero-code capture gives the
+process (``auto.ARROW_ALLOCATOR_ENV``: mimalloc, Arrow's default allocator, with its arena
+eager commit off); ``ours_lib`` is the same exporter without it, as in a program that
+configures capture itself and leaves the variable unset.
+
 Run: ``.venv/bin/python benchmarks/parquet_export.py [--quick] [--json PATH] [-n N]``.
 """
 
@@ -65,7 +70,9 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 EXPORTERS = {
     "discard": "floor: discard exporter (span creation + BatchSpanProcessor)",
-    "ours": "ours: ParquetSpanExporter (200 ms batch delay, as capture sets it)",
+    "ours": "ours: ParquetSpanExporter (200 ms batch delay and Arrow's allocator option, as "
+            "zero-code capture sets them)",
+    "ours_lib": "ours, without the allocator option (a program that configures capture itself)",
     "ours_5s": "ours, behind the SDK's default 5 s batch delay (zero-code capture before)",
     "peer": "peer: SDK ConsoleSpanExporter -> JSON file",
 }
@@ -123,7 +130,7 @@ def worker(kind: str, n: int, pacing: str) -> dict:
     out_file = None
     if kind == "discard":
         exporter = counted(Discard)()
-    elif kind in ("ours", "ours_5s"):
+    elif kind in ("ours", "ours_5s", "ours_lib"):
         from agl_bridge.otel.parquet_exporter import ParquetSpanExporter
 
         exporter = counted(ParquetSpanExporter)(tmp / "traces")
@@ -136,7 +143,8 @@ def worker(kind: str, n: int, pacing: str) -> dict:
     bounded = pacing == "bounded"
     rate = PACED_RATE.get(pacing)
     # "ours" gets the delay capture gives it (setup._processor); the others the SDK default
-    delay = getattr(exporter, "MAX_EXPORT_DELAY_MS", None) if kind == "ours" else None
+    delay = (getattr(exporter, "MAX_EXPORT_DELAY_MS", None) if kind in ("ours", "ours_lib")
+             else None)
     provider.add_span_processor(BatchSpanProcessor(
         exporter, max_queue_size=max(BOUNDED_QUEUE, n) if pacing == "free" else BOUNDED_QUEUE,
         schedule_delay_millis=delay))
@@ -200,7 +208,7 @@ def worker(kind: str, n: int, pacing: str) -> dict:
         out_file.close()
     t_done, cpu_done = time.perf_counter(), time.process_time_ns()
 
-    if kind in ("ours", "ours_5s"):
+    if kind in ("ours", "ours_5s", "ours_lib"):
         files = [p for p in (tmp / "traces").rglob("*") if p.is_file()]
         wal_left = [p for p in files if "_wal" in p.parts]
         data = [p for p in files if p.suffix == ".parquet"]
@@ -235,12 +243,17 @@ def worker(kind: str, n: int, pacing: str) -> dict:
 
 def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
-            if not k.startswith(("AGL_BRIDGE_", "OTEL_", "PYTHON"))}
+            if not k.startswith(("AGL_BRIDGE_", "OTEL_", "PYTHON", "MIMALLOC_"))}
 
 
 def run_worker(kind: str, n: int, pacing: str) -> dict:
+    env = _clean_env()
+    if kind in ("ours", "ours_5s"):  # the process as zero-code capture starts it
+        from agl_bridge.otel.auto import ARROW_ALLOCATOR_ENV
+
+        env.update(ARROW_ALLOCATOR_ENV)
     r = subprocess.run([sys.executable, str(HERE), "--worker", kind, str(n), pacing],
-                       capture_output=True, text=True, env=_clean_env(), cwd=REPO, timeout=1800)
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
     if r.returncode != 0 or not lines:
         err = (r.stderr.strip().splitlines() or ["no output"])[-1]
@@ -299,6 +312,7 @@ def print_table(summary: dict, meta: dict) -> None:
 
     short = {"discard": "floor: discard exporter", "ours": "ours: ParquetSpanExporter",
              "ours_5s": "ours, SDK default 5 s delay (before)",
+             "ours_lib": "ours, without the allocator option",
              "peer": "peer: SDK ConsoleSpanExporter, file"}
     for pacing, what in PACINGS.items():
         if pacing in PACED_RATE or not _ran(summary[pacing]):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -51,6 +52,12 @@ INSTRUMENTORS: dict[str, tuple[str, str | None]] = {
     "agl_bridge_threads": ("agl_bridge.otel.threads:ThreadContextInstrumentor", None),
 }
 _TRUE = ("1", "true", "yes", "on")
+#: Arrow's default allocator (mimalloc) reads its options from the environment once, when
+#: pyarrow loads, and by default commits arena memory eagerly; with eager commit off the
+#: exporter's peak RSS is about 8 MiB lower (benchmarks/README.md, export memory). Set only
+#: when unset, at start-up, while the interpreter is still single-threaded (changing the
+#: environment while other threads may read it is not safe in C), and before pyarrow loads.
+ARROW_ALLOCATOR_ENV = {"MIMALLOC_ARENA_EAGER_COMMIT": "0"}
 
 _state: DeferredTracing | None = None
 instrumented: list[str] = []  # entry-point names instrumented so far (for tests and debugging)
@@ -66,6 +73,9 @@ def activate() -> DeferredTracing | None:
     if _state is not None:
         return _state
     try:
+        if "pyarrow" not in sys.modules:
+            for key, value in ARROW_ALLOCATOR_ENV.items():
+                os.environ.setdefault(key, value)
         capture_level()  # a bad AGL_BRIDGE_CAPTURE is reported now, not at the first call
         _state = configure_deferred()
         for name, (target, module) in INSTRUMENTORS.items():

@@ -109,3 +109,22 @@ def test_context_follows_threads_and_pools_and_uninstall_restores():
     if not was:
         assert (threading.Thread.start, threading.Thread.run,
                 concurrent.futures.ThreadPoolExecutor.submit) == before
+
+
+@pytest.mark.parametrize("preset", [None, "1"])
+def test_start_up_sets_arrows_allocator_option_before_pyarrow_loads_unless_the_user_did(
+        tmp_path, preset):
+    """mimalloc reads its options once, when pyarrow loads: the variable must be in the
+    environment by then, and a value the user set wins."""
+    code = ("import os, sys; from agl_bridge.otel import auto; auto.activate(); "
+            "print('pyarrow' in sys.modules, os.environ.get('MIMALLOC_ARENA_EAGER_COMMIT'))")
+    env = {"PATH": "/usr/bin:/bin", "AGL_BRIDGE_PARQUET_DIR": str(tmp_path)}
+    if preset is not None:
+        env["MIMALLOC_ARENA_EAGER_COMMIT"] = preset
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, check=True)
+    assert out.stdout.split() == ["False", preset or "0"], out.stderr
+    # and with pyarrow loaded first (too late to matter), the environment is left alone
+    late = subprocess.run([sys.executable, "-c", "import pyarrow; " + code], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, check=True)
+    assert late.stdout.split() == ["True", str(preset)], late.stderr
