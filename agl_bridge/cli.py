@@ -148,8 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="convert traces and train LoRA adapters")
     t.add_argument("traces", help="span Parquet (file or directory), OTLP/JSON, or transitions")
     t.add_argument("--base-model", required=True, help="a local Hugging Face model directory")
-    t.add_argument("--algorithm", choices=["at_grpo", "lightning_rl"],
-                   help="default at_grpo (or the --config file's)")
+    t.add_argument("--algorithm", choices=["at_grpo", "lightning_rl", "sft"],
+                   help="default at_grpo (or the --config file's); sft: supervised fine-tuning "
+                        "on the best of each group (--sft-select, --sft-min-reward)")
+    t.add_argument("--sft-select", choices=["best", "threshold"],
+                   help="sft: imitate the best of each group (default), or every transition "
+                        "with reward >= --sft-min-reward")
+    t.add_argument("--sft-min-reward", type=float,
+                   help="sft: the reward a transition (threshold) or a group's best must reach")
     t.add_argument("--policy", choices=["shared", "per_agent_lora", "per_agent_model"],
                    help="default shared (or the --config file's)")
     t.add_argument("--adapters-dir", help="where versions are numbered (default: "

@@ -100,6 +100,7 @@ def train(args: argparse.Namespace) -> int:
              "epsilon": args.epsilon, "beta": args.beta, "loss_type": args.loss_type,
              "lora_r": args.lora_r, "seed": args.seed, "save_steps": args.save_steps,
              "max_steps": args.max_steps, "baseline": args.baseline,
+             "sft_select": args.sft_select, "sft_min_reward": args.sft_min_reward,
              "per_agent_advantages": args.per_agent_advantages}
     options.update({k: v for k, v in flags.items() if v is not None})  # flags win over the file
     # flags win over the file, which wins over the defaults

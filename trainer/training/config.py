@@ -45,6 +45,10 @@ class GRPOConfig:
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     scale_rewards_eps: float = 1e-4
+    # SFT (train_policy(objective="sft"), algorithm="sft"): which transitions to imitate:
+    # "best" of each group, or every one with reward >= sft_min_reward ("threshold")
+    sft_select: Literal["best", "threshold"] = "best"
+    sft_min_reward: float | None = None
     max_steps: int | None = None  # stop after this many optimizer steps
     save_steps: int | None = None  # checkpoint every N optimizer steps (needs checkpoint_dir)
 

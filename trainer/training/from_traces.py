@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
@@ -62,7 +62,7 @@ def train_from_traces(
     traces: str | os.PathLike[str] | list,
     base_model: str | os.PathLike[str],
     *,
-    algorithm: Algorithm = "at_grpo",
+    algorithm: Algorithm | Literal["sft"] = "at_grpo",
     policy: Policy = "shared",
     output_dir: str | os.PathLike[str] = "agl_bridge_run",
     adapter_name: str = "policy",
@@ -76,8 +76,11 @@ def train_from_traces(
 ) -> TrainRun:
     """Convert ``traces`` (span Parquet, OTLP/JSON, or a transitions file) and train.
 
-    ``algorithm``: ``at_grpo`` (groups by task, agent and turn; team and local rewards mixed)
-    or ``lightning_rl`` (identical assignment, groups by task). ``policy``: ``shared``,
+    ``algorithm``: ``at_grpo`` (groups by task, agent and turn; team and local rewards mixed),
+    ``lightning_rl`` (identical assignment, groups by task), or ``sft``: supervised
+    fine-tuning on the completions of the transitions ``sft_select`` picks (the best of each
+    AT-GRPO group, or every one with reward at least ``sft_min_reward``), converted as
+    ``at_grpo`` converts. ``policy``: ``shared``,
     ``per_agent_lora`` or ``per_agent_model``. Other keyword options go to the converter
     (``ConvertConfig``: alpha, gamma, advantage_unit, missing_reward, ...) or the trainer
     (``GRPOConfig``: learning_rate, beta, loss_type, epsilon, save_steps, ...), by name.
@@ -91,8 +94,9 @@ def train_from_traces(
     from agl_bridge.trainer.training.config import GRPOConfig
     from agl_bridge.trainer.training.loop import train_policy
 
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be at_grpo or lightning_rl, got {algorithm!r}")
+    if algorithm not in (*ALGORITHMS, "sft"):
+        raise ValueError(f"algorithm must be at_grpo, lightning_rl or sft, got {algorithm!r}")
+    credit: Algorithm = "at_grpo" if algorithm == "sft" else algorithm
     if policy not in POLICIES:
         raise ValueError(f"policy must be shared, per_agent_lora or per_agent_model, "
                          f"got {policy!r}")
@@ -109,7 +113,7 @@ def train_from_traces(
         transitions = out / "transitions.parquet"
         recipe = load_recipe(rewards) if isinstance(rewards, (str, os.PathLike)) else rewards
         stats = convert(traces, transitions,
-                        ConvertConfig(algorithm=algorithm, recipe=recipe, **convert_options),
+                        ConvertConfig(algorithm=credit, recipe=recipe, **convert_options),
                         evaluations_from=evaluations_from)
         if stats.transitions == 0:
             raise ValueError(f"no transitions from {traces}:\n{stats.summary()}")
@@ -120,7 +124,8 @@ def train_from_traces(
                           adapter_name=adapter_name, config=GRPOConfig(**train_options),
                           init_adapters=init_adapters, metrics_path=metrics_path,
                           progress=progress, checkpoint_dir=out / "checkpoints",
-                          resume_from_checkpoint=resume_from_checkpoint)
+                          resume_from_checkpoint=resume_from_checkpoint,
+                          objective="sft" if algorithm == "sft" else "grpo")
     run = TrainRun(out, transitions, stats, result.adapters, result.steps, metrics_path)
     (out / "run.json").write_text(json.dumps({
         "traces": [str(t) for t in traces] if isinstance(traces, list) else str(traces),

@@ -4,6 +4,9 @@ Each run writes every trained adapter as a new version in standard PEFT format i
 directory (``<adapters_root>/<name>/v0001``, ``v0002``, ...) with metadata, so serving never
 reloads a directory in place, and a metrics line per step to ``metrics.jsonl``.
 
+Objectives: ``grpo`` (the clipped policy gradient of the GRPO family, with its advantages) and
+``sft`` (supervised fine-tuning on the completions of selected transitions: ``sft.py``).
+
 Policies (as in AT-GRPO): ``shared`` (one adapter for all roles), ``per_agent_lora`` (one peft
 model holding one adapter per agent; each batch is routed to its agent's adapter, so an
 adapter only ever learns from its own agent's data), ``per_agent_model`` (a separate model and
@@ -24,7 +27,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -45,8 +48,12 @@ from agl_bridge.trainer.training.model import (
     peft_name,
     trainable,
 )
+from agl_bridge.trainer.training.sft import select_for_sft, sft_loss
 
 logger = logging.getLogger(__name__)
+
+Objective = Literal["grpo", "sft"]
+OBJECTIVES: tuple[Objective, ...] = ("grpo", "sft")
 
 
 def train_policy(
@@ -63,6 +70,7 @@ def train_policy(
     keep_model: bool = False,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
+    objective: Objective = "grpo",
 ) -> TrainResult:
     """One round of policy updates; returns the new adapter version of each trained adapter.
 
@@ -72,8 +80,11 @@ def train_policy(
     ``checkpoint_dir``, the run checkpoints every N optimizer steps; ``resume_from_checkpoint``
     (a checkpoint directory, or True for the latest in ``checkpoint_dir``) continues it, with the
     same batches and the same loss trajectory as a run that was never stopped.
+    ``objective``: ``grpo``, or ``sft`` (imitate the transitions ``cfg.sft_select`` picks).
     """
     cfg = config or GRPOConfig()
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
     if table.num_rows == 0:
         raise ValueError("no transitions to train on (see the converter's skip counts)")
@@ -85,7 +96,22 @@ def train_policy(
     for i, r in enumerate(rows):
         if not math.isfinite(r["reward"]):
             raise ValueError(f"transition {i}: reward is {r['reward']}; refusing to train on it")
-    if not all(r.get("advantage") is not None for r in rows):
+    if objective == "sft":
+        keep = select_for_sft(np.array([r["reward"] for r in rows]),
+                              np.array([str(r["group_id"]) for r in rows]), cfg.sft_select,
+                              cfg.sft_min_reward)
+        if not keep.any():
+            raise ValueError(
+                f"SFT selected none of {len(rows)} transitions (sft_select="
+                f"{cfg.sft_select!r}, sft_min_reward={cfg.sft_min_reward}): "
+                + ("no group has a reward above another member's; give sft_min_reward"
+                   if cfg.sft_select == "best" and cfg.sft_min_reward is None
+                   else "no reward reaches sft_min_reward"))
+        logger.info("agl_bridge: SFT on %d of %d transitions", int(keep.sum()), len(rows))
+        rows = [r for r, k in zip(rows, keep.tolist()) if k]
+        for r in rows:
+            r["advantage"] = 0.0  # not used by the SFT loss
+    elif not all(r.get("advantage") is not None for r in rows):
         groups = np.unique([str(r["group_id"]) for r in rows], return_inverse=True)[1]
         episodes = np.unique([str(r["episode_id"]) for r in rows], return_inverse=True)[1]
         advs, _, _ = group_advantages(np.array([r["reward"] for r in rows]), groups, episodes,
@@ -102,7 +128,7 @@ def train_policy(
             part = [r for r in rows if r["adapter"] == name]
             sub = _train(part, base_model, adapters_root, [name], cfg, init_adapters or {},
                          metrics_file, progress, keep_model=False,
-                         data=_data_range(transitions, table))
+                         data=_data_range(transitions, table), objective=objective)
             result.adapters.update(sub.adapters)
             result.steps += sub.steps
             result.metrics += sub.metrics
@@ -110,17 +136,18 @@ def train_policy(
     names = sorted({r["adapter"] for r in rows})
     return _train(rows, base_model, adapters_root, names, cfg, init_adapters or {}, metrics_file,
                   progress, keep_model=keep_model, checkpoint_dir=checkpoint_dir,
-                  resume=resume_from_checkpoint, data=_data_range(transitions, table))
+                  resume=resume_from_checkpoint, data=_data_range(transitions, table),
+                  objective=objective)
 
 
 def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[str],
            cfg: GRPOConfig, init_adapters, metrics_file: Path | None, progress: bool,
            keep_model: bool = False, checkpoint_dir=None, resume=None,
-           data: dict[str, Any] | None = None) -> TrainResult:
+           data: dict[str, Any] | None = None, objective: Objective = "grpo") -> TrainResult:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     skipped_zero_variance = 0
-    if cfg.filter_zero_variance_groups:
+    if cfg.filter_zero_variance_groups and objective == "grpo":
         by_group: dict[str, set[float]] = defaultdict(set)
         for r in rows:
             by_group[r["group_id"]].add(r["reward"])
@@ -179,22 +206,12 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
                             max_row) if pack else None
         batch = collate(part, pad_id, device, packing, model.dtype)
         logp = completion_logprobs(model, batch)
-        for j, i in enumerate(idx):  # first visit: on-policy (ratio 1); later epochs clip
-            old.setdefault(i, logp[j].detach().clone())
-        old_logp = torch.stack([old[i] for i in idx])
-        ref = None
-        if cfg.beta != 0.0:
-            with torch.no_grad(), model.disable_adapter():
-                ref = completion_logprobs(model, batch)
-        weights = None
-        if cfg.vllm_importance_sampling_correction and batch["has_behaviour"].any():
-            w = importance_weights(old_logp, batch["behaviour"], cfg.vllm_importance_sampling_cap)
-            weights = torch.where(batch["has_behaviour"] > 0, w, torch.ones_like(w))
         adv = torch.tensor([rows[i]["advantage"] for i in idx], device=device)
-        loss, stats = grpo_clip_loss(logp, old_logp, adv, batch["loss_mask"],
-                                     epsilon_low=cfg.epsilon, epsilon_high=eps_high,
-                                     loss_type=cfg.loss_type, max_completion_length=max_len,
-                                     beta=cfg.beta, ref_logprobs=ref, weights=weights)
+        if objective == "sft":
+            loss = sft_loss(logp, batch["loss_mask"], cfg.loss_type, max_len)
+            stats: dict[str, float] = {}
+        else:
+            loss, stats = _grpo_loss(model, batch, logp, adv, idx, old, cfg, eps_high, max_len)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()} at step {step} (adapter {name}, "
                                      f"transitions {idx})")
@@ -221,7 +238,7 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             "advantage_mean": float(advs.mean()), "advantage_abs_mean": float(advs.abs().mean()),
             "tokens": n_tokens, "tokens_per_s": n_tokens / (time.perf_counter() - t0),
             "memory_mb": _memory_mb(device), "learning_rate": cfg.learning_rate,
-            "skipped_zero_variance": skipped_zero_variance, **stats,
+            "skipped_zero_variance": skipped_zero_variance, "objective": objective, **stats,
         }
         gap = _behaviour_gap(logp, batch)
         if gap is not None:
@@ -243,9 +260,32 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     if rank != 0:  # every rank holds the same weights; one writes them
         return TrainResult({}, step, metrics, metrics_file, kept)
     adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
-                            sum(r["adapter"] == name for r in rows), step, metrics, data)
+                            sum(r["adapter"] == name for r in rows), step, metrics, data,
+                            objective)
                 for name in names}
     return TrainResult(adapters, step, metrics, metrics_file, kept)
+
+
+def _grpo_loss(model, batch: dict[str, torch.Tensor], logp: torch.Tensor, adv: torch.Tensor,
+               idx: list[int], old: dict[int, torch.Tensor], cfg: GRPOConfig, eps_high: float,
+               max_len: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped policy-gradient loss of one micro-batch; ``old`` keeps each transition's
+    log-probabilities from its first visit (on-policy then; later epochs are clipped)."""
+    for j, i in enumerate(idx):
+        old.setdefault(i, logp[j].detach().clone())
+    old_logp = torch.stack([old[i] for i in idx])
+    ref = None
+    if cfg.beta != 0.0:
+        with torch.no_grad(), model.disable_adapter():
+            ref = completion_logprobs(model, batch)
+    weights = None
+    if cfg.vllm_importance_sampling_correction and batch["has_behaviour"].any():
+        w = importance_weights(old_logp, batch["behaviour"], cfg.vllm_importance_sampling_cap)
+        weights = torch.where(batch["has_behaviour"] > 0, w, torch.ones_like(w))
+    return grpo_clip_loss(logp, old_logp, adv, batch["loss_mask"], epsilon_low=cfg.epsilon,
+                          epsilon_high=eps_high, loss_type=cfg.loss_type,
+                          max_completion_length=max_len, beta=cfg.beta, ref_logprobs=ref,
+                          weights=weights)
 
 
 def _data_range(source, table: pa.Table) -> dict[str, Any]:
@@ -263,7 +303,7 @@ def _data_range(source, table: pa.Table) -> dict[str, Any]:
 
 def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_adapters,
           n_transitions: int, steps: int, metrics: list[dict[str, Any]],
-          data: dict[str, Any] | None = None) -> Path:
+          data: dict[str, Any] | None = None, objective: Objective = "grpo") -> Path:
     """One adapter -> a new version directory (written to a temporary name, then renamed)."""
     version, out_dir = next_version_dir(adapters_root, name)
     tmp = out_dir.with_name(f".tmp-{uuid.uuid4().hex}-{out_dir.name}")
@@ -276,7 +316,8 @@ def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_ada
         "base_model": str(Path(base_model).resolve()),
         "base_model_fingerprint": base_model_fingerprint(base_model),
         "init_adapter": str(init_adapters[name]) if name in init_adapters else None,
-        "transitions": n_transitions, "steps": steps, "config": asdict(cfg), "data": data,
+        "transitions": n_transitions, "steps": steps, "objective": objective,
+        "config": asdict(cfg), "data": data,
         "final_metrics": mine[-1] if mine else None, "created_unix": time.time(),
     }
     (saved / METADATA_FILE).write_text(json.dumps(meta, indent=2))
