@@ -6,6 +6,7 @@ in ``agl_bridge.otel``.
 """
 
 from agl_bridge._version import __version__
+from agl_bridge.branching import branch
 from agl_bridge.capture import CaptureLevel, capture_level
 from agl_bridge.coordination import (
     final_selection,
@@ -42,6 +43,7 @@ __all__ = [
     "CaptureLevel",
     "__version__",
     "agent",
+    "branch",
     "candidate",
     "capture_level",
     "coordination_round",

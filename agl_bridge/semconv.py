@@ -94,6 +94,10 @@ TASK_ID: Final = "agl_bridge.task.id"  # the problem; GRPO groups rollouts of th
 AGENT_ROLE: Final = "agl_bridge.agent.role"  # the agent's name goes in gen_ai.agent.name
 TURN_INDEX: Final = "agl_bridge.turn.index"
 CANDIDATE_INDEX: Final = "agl_bridge.candidate.index"  # k of K tree-sampled alternatives
+# Tree sampling (agl_bridge.branch): on each candidate's `chat` span
+BRANCH_SIZE: Final = "agl_bridge.branch.size"  # K: the choices asked for in one request
+BRANCH_SCORE: Final = "agl_bridge.branch.score"  # this candidate's turn-level score
+BRANCH_CHOSEN: Final = "agl_bridge.branch.chosen"  # whether the episode continued from it
 
 # LLM call payload (on `chat {model}` spans)
 PROMPT_TOKEN_IDS: Final = "agl_bridge.llm.prompt_token_ids"

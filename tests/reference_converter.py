@@ -56,7 +56,9 @@ def transition_reward(key: Key, rewards: EpisodeRewards, *, algorithm: Algorithm
     team = rewards.team * discount
     if algorithm == "lightning_rl":
         return team
-    local = rewards.agent.get(key.agent, 0.0) + rewards.turn.get((key.agent, key.turn), 0.0)
+    local = rewards.agent.get(key.agent, 0.0) + rewards.turn.get((key.agent, key.turn, None), 0.0)
+    if key.candidate is not None:  # a tree-sampled candidate's own turn rewards
+        local += rewards.turn.get((key.agent, key.turn, key.candidate), 0.0)
     return alpha * team + local
 
 

@@ -62,10 +62,11 @@ class ScriptedServer:
                  chunk_delay_s: float = 0.0, stream_error_after: int | None = None,
                  unique_ids: bool = False,
                  error_message: Callable[[dict[str, Any]], str] | None = None,
-                 lora: bool = False, base_model: str = "base", load_delay_s: float = 0.0
-                 ) -> None:
+                 lora: bool = False, base_model: str = "base", load_delay_s: float = 0.0,
+                 choice_replies: list[str] | None = None) -> None:
         self.vllm = vllm
         self.reply = reply
+        self.choice_replies = choice_replies  # non-stream, n > 1: choice i says the i-th (mod)
         self.completion_ids = completion_ids or [11, 12, 13]
         self.status = status
         self.tool_calls = tool_calls or []
@@ -211,7 +212,9 @@ class ScriptedServer:
             ids = [t + 100 * i for t in completion_ids]
             choice: dict[str, Any] = {
                 "index": i, "finish_reason": "tool_calls" if calls else "stop",
-                "message": {"role": "assistant", "content": reply},
+                "message": {"role": "assistant", "content": (
+                    self.choice_replies[i % len(self.choice_replies)] if self.choice_replies
+                    else reply)},
                 "logprobs": None,
             }
             if calls:

@@ -38,7 +38,7 @@ _active: ContextVar[Take | None] = ContextVar("agl_bridge_openai_take", default=
 class Take:
     """What one call's bodies held: prompt ids, choice 0's completion ids and logprobs."""
 
-    __slots__ = ("absorbed", "call", "completion_ids", "logprobs", "prompt_ids")
+    __slots__ = ("absorbed", "call", "choices", "completion_ids", "logprobs", "prompt_ids")
 
     def __init__(self, call: Call) -> None:
         self.call = call
@@ -46,6 +46,8 @@ class Take:
         self.prompt_ids: list[Any] | None = None
         self.completion_ids: list[Any] | None = None
         self.logprobs: list[float] = []
+        # a branched call (``call.branch``, never a stream): choice index -> (ids, logprobs)
+        self.choices: dict[int, tuple[list[Any] | None, list[float] | None]] = {}
 
     def absorb(self, data: dict[str, Any]) -> None:
         """Read one body, then reset in it what the caller did not ask for.
@@ -76,6 +78,20 @@ class Take:
                 entries = lp.get("content") if type(lp) is dict else None
                 if entries:
                     content = [float(entry["logprob"]) for entry in entries]
+        branched = None
+        if call.branch is not None and call.ids and not self.absorbed:
+            branched = {}
+            for position, choice in enumerate(choices):
+                if type(choice) is not dict:
+                    continue
+                ids = choice.get("token_ids")
+                lp = choice.get("logprobs")
+                entries = lp.get("content") if type(lp) is dict else None
+                branched[choice.get("index", position)] = (
+                    ids if type(ids) is list else None,
+                    [float(entry["logprob"]) for entry in entries] if entries else None)
+        if branched is not None:
+            self.choices = branched
         if prompt is not None and self.prompt_ids is None:
             self.prompt_ids = prompt
         if completion is not None:

@@ -19,6 +19,8 @@ from agl_bridge.scope import scope_attributes
 from .utils import get, given, to_json
 
 if TYPE_CHECKING:
+    from agl_bridge.branching import Branch
+
     from .raw import Take
 
 logger = logging.getLogger(__name__)
@@ -28,12 +30,14 @@ class Call:
     """What was decided for one call before its request went out."""
 
     __slots__ = (
+        "branch",
         "ids",
         "injected_ids",
         "injected_logprobs",
         "kwargs",
         "level",
         "messages",
+        "request_attributes",
         "scoped_policy",
         "server",
         "stream",
@@ -51,6 +55,8 @@ class Call:
         self.injected_ids = False
         self.injected_logprobs = False
         self.take: Take | None = None  # set by the tracing wrapper when ids are recorded
+        self.branch: Branch | None = None  # set when this call is sampled K ways (branches.py)
+        self.request_attributes: dict[str, Any] | None = None  # kept for a branch's siblings
         # Iterables we read for the span must still reach the SDK whole: a generator passed as
         # ``messages`` or ``tools`` is turned into a list once, here.
         readable = [key for key, needed in (("messages", self.messages), ("tools", self.ids),

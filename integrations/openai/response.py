@@ -154,9 +154,13 @@ def record_response(span: trace.Span, result: Any, call: Call) -> None:
     record(span, call, attrs, getattr(result, "prompt_token_ids", None),
            getattr(first, "token_ids", None) if first is not None else None,
            [float(t.logprob) for t in content] if content else None)
+    give_back(result, call)
 
-    # Give the caller the response it would have had: vLLM sends these fields as null when the
-    # request does not ask for them.
+
+def give_back(result: Any, call: Call) -> None:
+    """Give the caller the response it would have had: vLLM sends the fields we asked for on
+    its behalf as null when the request does not ask for them."""
+    choices = result.choices
     if call.injected_ids:
         if "prompt_token_ids" in extra(result):
             result.prompt_token_ids = None

@@ -21,7 +21,7 @@ from agl_bridge import semconv as sc
 from agl_bridge.capture import CaptureLevel, capture_level
 from agl_bridge.errors import record_error
 
-from . import raw
+from . import branches, raw
 from .probe import ServerProbe
 from .request import Call, request_attributes
 from .response import RawResponseProxy, record_response
@@ -80,6 +80,7 @@ class ChatTracing:
         attributes = request_attributes(call.kwargs, instance, call)
         if alias is not None:
             attributes[sc.POLICY_ALIAS] = alias
+        branches.start_attributes(call, attributes)
         return self.tracer.start_span(sc.chat_span_name(model), kind=SpanKind.CLIENT,
                                       attributes=attributes)
 
@@ -93,6 +94,9 @@ class ChatTracing:
         if callable(getattr(result, "parse", None)) and hasattr(result, "http_response"):
             return RawResponseProxy(result, lambda parsed: self.finish(span, parsed, call), span,
                                     call.take)
+        if call.branch is not None and isinstance(getattr(result, "choices", None), list) and (
+                result.choices):
+            return branches.finish(self.tracer, span, result, call)
         try:
             record_response(span, result, call)
         except Exception:
@@ -107,6 +111,7 @@ class ChatTracing:
             return wrapped(*args, **kwargs)
         level = capture_level()
         call = self.decide(instance, kwargs, level)
+        branches.prepare(call)
         span = self.start(instance, call, alias)
         token = self.taking(call)
         try:
@@ -130,6 +135,7 @@ class ChatTracing:
         if base_url is not None:
             await asyncio.to_thread(self.probe.kind, base_url)  # never block the event loop
         call = self.decide(instance, kwargs, level)
+        branches.prepare(call)
         span = self.start(instance, call, alias)
         token = self.taking(call)
         try:

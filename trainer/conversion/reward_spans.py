@@ -25,7 +25,7 @@ from agl_bridge.trainer.rewards.recipes import Derived, RecipeReward
 
 # the span columns reward matching reads
 REWARD_COLUMNS = ["trace_id", "span_id", "episode_id", "agent_name", "turn_index",
-                  "reward_value", "reward_scope"]
+                  "candidate_index", "reward_value", "reward_scope"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Reward:
     scope: str | None  # turn, agent, team, episode (None: episode)
     agent: str | None = None
     turn: int | None = None
+    candidate: int | None = None  # a turn reward for one tree-sampled candidate only
 
 
 class EpisodeRewards:
@@ -46,7 +47,8 @@ class EpisodeRewards:
         self.team = 0.0
         self.has_team = False
         self.agent: dict[str | None, float] = defaultdict(float)
-        self.turn: dict[tuple[str | None, int | None], float] = defaultdict(float)
+        # (agent, turn, candidate): candidate None is the whole agent-turn's
+        self.turn: dict[tuple[str | None, int | None, int | None], float] = defaultdict(float)
 
     def add(self, r: Reward | RecipeReward) -> str | None:
         """Add one reward; returns why it cannot be used, or None."""
@@ -61,7 +63,7 @@ class EpisodeRewards:
         elif scope == sc.RewardScope.TURN:
             if r.agent is None or r.turn is None:
                 return reasons.TURN_REWARD_WITHOUT_TURN
-            self.turn[(r.agent, r.turn)] += r.value
+            self.turn[(r.agent, r.turn, getattr(r, "candidate", None))] += r.value
         else:
             return reasons.unknown_reward_scope(scope)
         return None
@@ -70,9 +72,14 @@ class EpisodeRewards:
         """An episode without a reward given ``value`` as its team reward (``missing_reward``)."""
         self.team, self.has_team = float(value), True
 
-    def local(self, agent: str | None, turn: int | None) -> float:
-        """The rewards scoped to ``agent`` and to its ``turn``."""
-        return self.agent.get(agent, 0.0) + self.turn.get((agent, turn), 0.0)
+    def local(self, agent: str | None, turn: int | None, candidate: int | None = None
+              ) -> float:
+        """The rewards scoped to ``agent`` and to its ``turn``, and for a tree-sampled
+        ``candidate`` of that turn, those scoped to that candidate too."""
+        value = self.agent.get(agent, 0.0) + self.turn.get((agent, turn, None), 0.0)
+        if candidate is not None:
+            value += self.turn.get((agent, turn, candidate), 0.0)
+        return value
 
     @property
     def has_local(self) -> bool:
@@ -95,6 +102,7 @@ def read_rewards(table: pa.Table, stats: ConversionStats, source: str = ""
     scopes: list[str | None] = _column(table, "reward_scope")
     agents: list[str | None] = _column(table, "agent_name")
     turns: list[int | None] = _column(table, "turn_index")
+    candidates: list[int | None] = _column(table, "candidate_index")
     span_ids = table["span_id"].to_pylist()
     seen: set[str] = set()
     for i, value in enumerate(values):
@@ -108,7 +116,8 @@ def read_rewards(table: pa.Table, stats: ConversionStats, source: str = ""
                 stats.rejected_rewards.append(
                     f"{value} in episode {episodes[i]}, span {span_ids[i]}{source}")
             continue
-        why = out[episodes[i]].add(Reward(episodes[i], value, scopes[i], agents[i], turns[i]))
+        why = out[episodes[i]].add(Reward(episodes[i], value, scopes[i], agents[i], turns[i],
+                                          candidates[i]))
         if why:
             stats.notes[why + reasons.IGNORED_SUFFIX] += 1
     return out

@@ -496,8 +496,10 @@ def assign_credit(calls: Calls, first: np.ndarray, turn: pa.Array, ep_codes: np.
             sel = np.flatnonzero(np.isin(t_ep_codes, with_local))
             agents_l = t_agent.take(np_array(sel)).to_pylist()
             turns_l = t_turn.take(np_array(sel)).to_pylist()
+            cands_l = arr(calls.table["candidate_index"]).take(take).take(
+                np_array(sel)).to_pylist()
             for k, i in enumerate(sel.tolist()):
-                local[i] = ep_rewards[t_ep_codes[i]].local(agents_l[k], turns_l[k])
+                local[i] = ep_rewards[t_ep_codes[i]].local(agents_l[k], turns_l[k], cands_l[k])
     with np.errstate(over="ignore", invalid="ignore"):
         reward = transition_rewards(team, local, algorithm=cfg.algorithm, alpha=cfg.alpha)
     keep = None
