@@ -48,11 +48,17 @@ from agl_bridge.trainer.loop.team import TeamRun, write_tasks
 
 TEAM_MODULE = "agl_bridge.trainer.loop.teams.arith"
 ALIASES = ("solver", "checker")
+#: --task -> (the team program, its agents' model aliases)
+TEAMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "add": (TEAM_MODULE, ALIASES),
+    "lower": (TEAM_MODULE, ALIASES),
+    "relay": ("agl_bridge.trainer.loop.teams.relay", ("reader", "solver")),
+}
 
 
 # -- tasks -------------------------------------------------------------------------------------
 def task_space(kind: str) -> list[tuple[int, int]]:
-    if kind == "add":
+    if kind in ("add", "relay"):
         return [(a, b) for a in range(2, 41) for b in range(2, 10)]
     return [(a, b) for a in range(1, 100) for b in range(1, 100)]  # "lower": numbers unused
 
@@ -63,7 +69,7 @@ def held_out(kind: str, n: int, seed: int) -> list[dict]:
     if n >= len(space):
         raise ValueError(f"--eval-tasks {n} leaves nothing to train on ({len(space)} tasks)")
     pick = random.Random(f"heldout-{seed}").sample(space, n)
-    return [{"task_id": f"eval-{a}+{b}", "a": a, "b": b, "kind": kind} for a, b in pick]
+    return [_task(f"eval-{a}+{b}", a, b, kind) for a, b in pick]
 
 
 def training_tasks(kind: str, n: int, seed: int, round_index: int, exclude: list[dict]
@@ -71,7 +77,16 @@ def training_tasks(kind: str, n: int, seed: int, round_index: int, exclude: list
     banned = {(t["a"], t["b"]) for t in exclude}
     pool = [p for p in task_space(kind) if p not in banned]
     pick = random.Random(f"train-{seed}-{round_index}").sample(pool, min(n, len(pool)))
-    return [{"task_id": f"train-{a}+{b}", "a": a, "b": b, "kind": kind} for a, b in pick]
+    return [_task(f"train-{a}+{b}", a, b, kind) for a, b in pick]
+
+
+def _task(task_id: str, a: int, b: int, kind: str) -> dict:
+    task: dict[str, Any] = {"task_id": task_id, "a": a, "b": b, "kind": kind}
+    if kind == "relay":  # the word problem only the reader sees, fixed by the task id
+        from agl_bridge.trainer.loop.teams.relay import make_story
+
+        task["story"] = make_story(a, b, task_id)
+    return task
 
 
 def eval_mode(settings: dict) -> str:
@@ -106,9 +121,11 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
                                        description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default="runs/demo")
     ap.add_argument("--model", choices=("smollm2", "tiny"), default="smollm2")
-    ap.add_argument("--task", choices=("add", "lower"), default=None,
-                    help="add: arithmetic (default for smollm2); lower: a toy reward a random "
-                         "model can learn (default for tiny)")
+    ap.add_argument("--task", choices=tuple(TEAMS), default=None,
+                    help="add: arithmetic, solver and checker (default for smollm2); relay: a "
+                         "reader passes the numbers of a word problem to a solver that never "
+                         "sees it (both roles needed); lower: a toy reward a random model can "
+                         "learn (default for tiny)")
     ap.add_argument("--minutes", type=float, default=30.0,
                     help="time budget: no new round starts that would end after it")
     ap.add_argument("--rounds", type=int, default=12, help="at most this many rounds")
@@ -194,6 +211,9 @@ def run(args: argparse.Namespace) -> dict:
         if not (model_dir / "config.json").exists():
             build_tiny_model(model_dir, seed=args.seed)
     if args.production:
+        if task == "relay":
+            raise SystemExit("agl-bridge demo: --production serves the arithmetic team; "
+                             "--task relay runs without it")
         return run_production(args, demo, work, Path(model_dir))
     heldout = held_out(task, args.eval_tasks, args.seed)
     write_tasks(work / "eval-tasks.jsonl", heldout)
@@ -203,9 +223,10 @@ def run(args: argparse.Namespace) -> dict:
     write_tasks(work / "train-tasks.jsonl", [
         t for r in range(args.rounds)
         for t in training_tasks(task, args.tasks_per_round, args.seed, r, heldout)])
+    module, aliases = TEAMS[task]
     cfg = LoopConfig(
-        workdir=str(work), model=str(model_dir), agents=list(ALIASES),
-        team=f"python -m {TEAM_MODULE} --reward {task}",
+        workdir=str(work), model=str(model_dir), agents=list(aliases),
+        team=f"python -m {module} --reward {task}",
         tasks=str(work / "train-tasks.jsonl"), tasks_per_round=args.tasks_per_round,
         rollouts=args.rollouts, temperature=args.temperature, max_tokens=args.max_tokens,
         learning_rate=args.learning_rate, batch_size=args.batch_size, epochs=args.epochs,

@@ -181,17 +181,17 @@ def _examples(work: Path, n: int = 6) -> str:
         return {r["task_id"]: r for r in map(json.loads, path.read_text().splitlines())}
 
     before, after = load("baseline"), load("final")
+    agents = list(dict.fromkeys(a for r in before.values() for a in r.get("replies", {})))
+    names = " / ".join(agents)
     rows = []
     for tid in list(before)[:n]:
         b, a = before[tid], after.get(tid, {})
         rows.append([f"{b['a']} + {b['b']}",
-                     f"{b['replies'].get('solver', '')!r} / {b['replies'].get('checker', '')!r}",
+                     " / ".join(repr(b["replies"].get(x, "")) for x in agents),
                      "yes" if b["success"] else "no",
-                     f"{a.get('replies', {}).get('solver', '')!r} / "
-                     f"{a.get('replies', {}).get('checker', '')!r}",
+                     " / ".join(repr(a.get("replies", {}).get(x, "")) for x in agents),
                      "yes" if a.get("success") else "no"])
-    return _table(["task", "before: solver / checker", "ok", "after: solver / checker", "ok"],
-                  rows)
+    return _table(["task", f"before: {names}", "ok", f"after: {names}", "ok"], rows)
 
 
 def _gate(record: dict) -> str:
