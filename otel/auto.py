@@ -54,7 +54,7 @@ INSTRUMENTORS: dict[str, tuple[str, str | None]] = {
 _TRUE = ("1", "true", "yes", "on")
 #: Arrow's default allocator (mimalloc) reads its options from the environment once, when
 #: pyarrow loads, and by default commits arena memory eagerly; with eager commit off the
-#: exporter's peak RSS is about 8 MiB lower (benchmarks/README.md, export memory). Set only
+#: exporter's peak RSS is lower (figures: benchmarks/README.md, export memory). Set only
 #: when unset, at start-up, while the interpreter is still single-threaded (changing the
 #: environment while other threads may read it is not safe in C), and before pyarrow loads.
 ARROW_ALLOCATOR_ENV = {"MIMALLOC_ARENA_EAGER_COMMIT": "0"}
