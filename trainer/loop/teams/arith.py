@@ -24,26 +24,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import re
 import sys
-import time
-from typing import TYPE_CHECKING
 
 import agl_bridge
 from agl_bridge import semconv as sc
-from agl_bridge.trainer.loop.team import RESULTS_ENV, ROLLOUTS_ENV, TASKS_ENV, TEMPERATURE_ENV
-
-if TYPE_CHECKING:
-    from autogen_core.models import ModelInfo
+from agl_bridge.trainer.loop.teams import program
 
 QUESTION = "Compute {a} + {b}. Reply with one line: {a} + {b} = <result>"
 SOLVER_SYSTEM = None  # the question says what form to answer in
 CHECKER_SYSTEM = ("You check the answer that follows the question. Reply with one line: "
                   "the question's two numbers and their correct sum, as 'a + b = c'.")
-MODEL_INFO: ModelInfo = {"vision": False, "function_calling": False, "json_output": False,
-              "family": "unknown", "structured_output": False}
 _INT = re.compile(r"-?\d+")
 _FORM = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 
@@ -86,11 +77,7 @@ def operands(task: dict) -> tuple[int, int]:
 
 
 def _client(base_url: str, model: str, temperature: float, max_tokens: int):
-    from autogen_ext.models.openai import OpenAIChatCompletionClient
-
-    return OpenAIChatCompletionClient(model=model, base_url=base_url, api_key="unused",
-                                      model_info=MODEL_INFO, temperature=temperature,
-                                      max_tokens=max_tokens, max_retries=2)
+    return program.model_client(base_url, model, temperature, max_tokens)
 
 
 async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
@@ -121,17 +108,8 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                      for name in ("solver", "checker")}
             team_parts = {"correct": parts["checker"]["correct"],
                           "close": parts["checker"]["close"]}
-            if not getattr(args, "no_reward", False):  # production serves without a reward
-                agl_bridge.emit_reward(team_parts, scope="team")
-                for name in ("solver", "checker"):
-                    with agl_bridge.agent(name):
-                        agl_bridge.emit_reward(parts[name], scope="agent")
-    return {"task_id": task["task_id"], "rollout": rollout, "episode_id": episode_id,
-            "a": a, "b": b, "replies": replies, "success": bool(team_parts["correct"]),
-            "score": float(bool(team_parts["correct"])),
-            "team_reward": sum(team_parts.values()),
-            "agent_reward": {k: sum(v.values()) for k, v in parts.items()},
-            "agent_correct": {k: bool(v["correct"]) for k, v in parts.items()}}
+            return program.reward_and_result(task, rollout, episode_id, a, b, replies,
+                                             team_parts, parts, args)
 
 
 async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
@@ -161,40 +139,12 @@ async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
 
 
 def main() -> None:
-    # a team command of the loop: what a flag leaves out comes from the environment the loop
-    # sets (agl_bridge.trainer.loop.team)
-    env = os.environ.get
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base-url", default=env("OPENAI_BASE_URL"))
-    ap.add_argument("--tasks", default=env(TASKS_ENV), help="JSON lines: task_id, a, b")
-    ap.add_argument("--results", default=env(RESULTS_ENV),
-                    help="write one JSON line per episode here")
+    ap = program.parser(__doc__.splitlines()[0], "JSON lines: task_id, a, b")
     ap.add_argument("--solver-model", default="solver")
     ap.add_argument("--checker-model", default="checker")
-    ap.add_argument("--rollouts", type=int, default=int(env(ROLLOUTS_ENV) or 1),
-                    help="episodes per task (a group)")
-    ap.add_argument("--temperature", type=float, default=float(env(TEMPERATURE_ENV) or 0.0))
-    ap.add_argument("--max-tokens", type=int, default=int(env("AGL_BRIDGE_MAX_TOKENS") or 16))
-    ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--reward", choices=("add", "lower"), default="add",
                     help="add: the arithmetic reward; lower: a toy one for random tiny models")
-    args = ap.parse_args()
-    if not args.base_url or not args.tasks:
-        ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
-    with open(args.tasks) as f:
-        tasks = [json.loads(line) for line in f if line.strip()]
-    t0 = time.perf_counter()
-    results = asyncio.run(run_all(tasks, args))
-    if args.results:
-        with open(args.results, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    n = max(len(results), 1)
-    print(json.dumps({"episodes": len(results),
-                      "success": sum(r["success"] for r in results) / n,
-                      "team_reward": sum(r["team_reward"] for r in results) / n,
-                      "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
-    sys.stdout.flush()
+    program.run(ap, ap.parse_args(), run_all)
 
 
 if __name__ == "__main__":

@@ -27,16 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
 import re
-import sys
-import time
 
 import agl_bridge
-from agl_bridge.trainer.loop.team import RESULTS_ENV, ROLLOUTS_ENV, TASKS_ENV, TEMPERATURE_ENV
-from agl_bridge.trainer.loop.teams.arith import _client, final_number
+from agl_bridge.trainer.loop.teams import program
+from agl_bridge.trainer.loop.teams.arith import final_number
 
 READER_SYSTEM = ("You read a word problem and pass on only the two numbers that must be "
                  "added, as one line: a + b")
@@ -126,24 +122,14 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
             parts = {"reader": score_reader(replies.get("reader", ""), a, b),
                      "solver": score_solver(replies.get("solver", ""), given)}
             team_parts = score_team(replies.get("solver", ""), a, b)
-            if not getattr(args, "no_reward", False):
-                agl_bridge.emit_reward(team_parts, scope="team")
-                for name in AGENTS:
-                    with agl_bridge.agent(name):
-                        agl_bridge.emit_reward(parts[name], scope="agent")
-    return {"task_id": task["task_id"], "rollout": rollout, "episode_id": episode_id,
-            "a": a, "b": b, "replies": replies, "success": bool(team_parts["correct"]),
-            "score": float(bool(team_parts["correct"])),
-            "team_reward": sum(team_parts.values()),
-            "agent_reward": {k: sum(v.values()) for k, v in parts.items()},
-            "agent_correct": {k: bool(v["correct"]) for k, v in parts.items()}}
+            return program.reward_and_result(task, rollout, episode_id, a, b, replies,
+                                             team_parts, parts, args)
 
 
 async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
-    clients = {"reader": _client(args.base_url, args.reader_model, args.temperature,
-                                 args.max_tokens),
-               "solver": _client(args.base_url, args.solver_model, args.temperature,
-                                 args.max_tokens)}
+    clients = {name: program.model_client(args.base_url, getattr(args, f"{name}_model"),
+                                          args.temperature, args.max_tokens)
+               for name in AGENTS}
     sem = asyncio.Semaphore(args.concurrency)
     try:
         return await asyncio.gather(*(play(t, r, clients, sem, args)
@@ -154,40 +140,12 @@ async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
 
 
 def main() -> None:
-    env = os.environ.get
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base-url", default=env("OPENAI_BASE_URL"))
-    ap.add_argument("--tasks", default=env(TASKS_ENV), help="JSON lines: task_id, a, b, story")
-    ap.add_argument("--results", default=env(RESULTS_ENV),
-                    help="write one JSON line per episode here")
+    ap = program.parser(__doc__.splitlines()[0], "JSON lines: task_id, a, b, story")
     ap.add_argument("--reader-model", default="reader")
     ap.add_argument("--solver-model", default="solver")
-    ap.add_argument("--rollouts", type=int, default=int(env(ROLLOUTS_ENV) or 1),
-                    help="episodes per task (a group)")
-    ap.add_argument("--temperature", type=float, default=float(env(TEMPERATURE_ENV) or 0.0))
-    ap.add_argument("--max-tokens", type=int, default=int(env("AGL_BRIDGE_MAX_TOKENS") or 16))
-    ap.add_argument("--concurrency", type=int, default=128)
     ap.add_argument("--reward", choices=("relay",), default="relay",
                     help="accepted for the demo's team command; this team has one reward")
-    args = ap.parse_args()
-    if not args.base_url or not args.tasks:
-        ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
-    with open(args.tasks) as f:
-        tasks = [json.loads(line) for line in f if line.strip()]
-    t0 = time.perf_counter()
-    results = asyncio.run(run_all(tasks, args))
-    if args.results:
-        with open(args.results, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    n = max(len(results), 1)
-    print(json.dumps({"episodes": len(results),
-                      "success": sum(r["success"] for r in results) / n,
-                      "team_reward": sum(r["team_reward"] for r in results) / n,
-                      "per_role": {a: sum(r["agent_correct"][a] for r in results) / n
-                                   for a in AGENTS},
-                      "seconds": round(time.perf_counter() - t0, 2)}), flush=True)
-    sys.stdout.flush()
+    program.run(ap, ap.parse_args(), run_all, roles=AGENTS)
 
 
 if __name__ == "__main__":
