@@ -15,7 +15,9 @@ and the instrumentation
 * hands the framework the best-scored choice (ties: the lowest index) as an ordinary one-choice
   response, so the episode goes on from it.
 
-Calls after the branched one, inside the same block, belong to the chosen candidate. The
+Calls after the branched one, inside the same block and by the same agent in the same turn,
+belong to the chosen candidate; other agents' calls in the block (a team run wrapped whole) are
+left alone. The
 scope must name an agent and a turn (``agl_bridge.agent``/``agl_bridge.turn``, or an
 integration that sets them): a candidate's reward is keyed by them.
 """
@@ -38,13 +40,14 @@ _BRANCH_KEY = otel_context.create_key("agl_bridge.branch")
 class Branch:
     """One ``branch`` block: its K, its scorer, and once a call was branched, what was chosen."""
 
-    __slots__ = ("chosen", "k", "score", "scores")
+    __slots__ = ("chosen", "k", "owner", "score", "scores")
 
     def __init__(self, k: int, score: Scorer) -> None:
         self.k = k
         self.score = score
         self.scores: list[float] | None = None  # per choice index, once branched
         self.chosen: int | None = None
+        self.owner: tuple[Any, Any] | None = None  # (agent, turn) of the branched call
 
     @property
     def done(self) -> bool:

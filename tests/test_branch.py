@@ -92,6 +92,22 @@ def test_candidates_convert_to_one_group_rewarded_by_their_scores(spans, instrum
                                                          abs_tol=1e-9)
 
 
+def test_later_calls_are_the_chosen_candidates_only_for_the_same_agent_and_turn(
+        spans, instrumented):
+    with ScriptedServer(vllm=True, choice_replies=REPLIES) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+        with agl_bridge.branch(4, closeness):  # a team run wrapped whole
+            with agl_bridge.agent("reader"), agl_bridge.turn(0):
+                client.chat.completions.create(model="m", messages=MESSAGES)
+            with agl_bridge.agent("solver"), agl_bridge.turn(0):
+                client.chat.completions.create(model="m", messages=MESSAGES)
+            with agl_bridge.agent("reader"), agl_bridge.turn(1):
+                client.chat.completions.create(model="m", messages=MESSAGES)
+    assert [b.get("n") for b in server.requests] == [4, None, None]
+    plain = [s for s in chat(spans) if sc.BRANCH_SIZE not in s.attributes]
+    assert [sc.CANDIDATE_INDEX in s.attributes for s in plain] == [False, False]
+
+
 def test_async_calls_branch_too(spans, instrumented):
     async def run():
         with ScriptedServer(vllm=True, choice_replies=REPLIES) as server:

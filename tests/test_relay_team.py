@@ -108,3 +108,32 @@ def test_the_team_runs_under_zero_code_capture_and_each_role_sees_its_own(tmp_pa
     assert stats.transitions == 12 and {r["agent_name"] for r in t} == {"reader", "solver"}
     summary = run.summary
     assert summary["per_role"]["solver"] == 1.0 and summary["episodes"] == 6
+
+
+def test_branch_samples_the_readers_turn_k_ways_and_evaluation_never_branches(tmp_path):
+    from agl_bridge.trainer.loop.demo import build_parser, team_commands
+
+    tasks = held_out("relay", 3, 2)
+    for t in tasks:
+        STORY_OPERANDS[t["story"]] = (t["a"], t["b"])
+    with ScriptedServer(vllm=True, script=_script, completion_ids=[5, 6]) as server:
+        run = run_team(f"python -m {TEAMS['relay'][0]} --branch 3", tasks, tmp_path / "run",
+                       base_url=server.base_url, aliases=None, timeout_s=300)
+    assert len(run.results) == 3 and all(r["success"] for r in run.results)
+    reader = [b for b in server.requests if b["messages"][0]["content"].startswith("You read")]
+    solver = [b for b in server.requests if b["messages"][0]["content"].startswith("Comp")]
+    assert [b.get("n") for b in reader] == [3] * 3 and [b.get("n") for b in solver] == [None] * 3
+    out = tmp_path / "t.parquet"
+    convert(list((tmp_path / "run" / "spans").rglob("*.parquet")), out,
+            ConvertConfig(algorithm="at_grpo"))
+    t = pq.read_table(out).to_pylist()
+    by_agent = {a: [r for r in t if r["agent_name"] == a] for a in ("reader", "solver")}
+    assert len(by_agent["reader"]) == 9 and len(by_agent["solver"]) == 3
+    assert sorted(r["candidate_index"] for r in by_agent["reader"]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert all(r["candidate_index"] is None for r in by_agent["solver"])
+    # the demo passes --branch to training rollouts only, and only for the relay team
+    assert build_parser().parse_args(["--task", "relay", "--branch", "4"]).branch == 4
+    team, evaluation = team_commands("relay", 4)
+    assert team.endswith("--reward relay --branch 4") and "--branch" not in evaluation
+    with pytest.raises(SystemExit, match="--branch is for --task relay"):
+        team_commands("add", 2)

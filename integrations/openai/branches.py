@@ -42,17 +42,21 @@ def prepare(call: Call) -> None:
         raise ValueError(f"agl_bridge.branch: the call already asks for n={n} choices")
     call.kwargs = {**call.kwargs, "n": b.k}
     call.branch = b
+    b.owner = (scope.get("agent_name"), scope.get("turn_index"))
 
 
 def start_attributes(call: Call, attributes: dict[str, Any]) -> None:
     """At span start: keep a branched call's request attributes for its siblings, and mark a
-    call made after the branch, in the same block, as the chosen candidate's."""
+    call made after the branch, in the same block by the same agent in the same turn, as the
+    chosen candidate's."""
     if call.branch is not None:
         call.request_attributes = dict(attributes)
         return
     b = current_branch()
     if b is not None and b.done and b.chosen is not None:
-        attributes[sc.CANDIDATE_INDEX] = b.chosen
+        scope = current_scope()
+        if (scope.get("agent_name"), scope.get("turn_index")) == b.owner:
+            attributes[sc.CANDIDATE_INDEX] = b.chosen
 
 
 def finish(tracer: trace.Tracer, span: trace.Span, result: Any, call: Call) -> Any:

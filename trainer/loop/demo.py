@@ -89,6 +89,16 @@ def _task(task_id: str, a: int, b: int, kind: str) -> dict:
     return task
 
 
+def team_commands(task: str, branch: int = 0) -> tuple[str, str]:
+    """(training rollouts' command, held-out and gate evaluations' command). Evaluations never
+    branch: a branch chooses with the task's answer, which evaluation must not see."""
+    module = TEAMS[task][0]
+    if branch and task != "relay":
+        raise SystemExit("agl-bridge demo: --branch is for --task relay")
+    plain = f"python -m {module} --reward {task}"
+    return (f"{plain} --branch {branch}" if branch else plain), plain
+
+
 def eval_mode(settings: dict) -> str:
     t, k = settings["eval_temperature"], settings["eval_rollouts"]
     return "greedy" if t == 0 and k == 1 else f"{k} sample(s) at temperature {t}"
@@ -126,6 +136,9 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
                          "reader passes the numbers of a word problem to a solver that never "
                          "sees it (both roles needed); lower: a toy reward a random model can "
                          "learn (default for tiny)")
+    ap.add_argument("--branch", type=int, default=0, metavar="K",
+                    help="--task relay: tree sampling, the reader's turn sampled K ways per "
+                         "episode and the best continued (0: off)")
     ap.add_argument("--minutes", type=float, default=30.0,
                     help="time budget: no new round starts that would end after it")
     ap.add_argument("--rounds", type=int, default=12, help="at most this many rounds")
@@ -223,10 +236,11 @@ def run(args: argparse.Namespace) -> dict:
     write_tasks(work / "train-tasks.jsonl", [
         t for r in range(args.rounds)
         for t in training_tasks(task, args.tasks_per_round, args.seed, r, heldout)])
-    module, aliases = TEAMS[task]
+    aliases = TEAMS[task][1]
+    team, eval_team = team_commands(task, args.branch)
     cfg = LoopConfig(
         workdir=str(work), model=str(model_dir), agents=list(aliases),
-        team=f"python -m {module} --reward {task}",
+        team=team, eval_team=eval_team,
         tasks=str(work / "train-tasks.jsonl"), tasks_per_round=args.tasks_per_round,
         rollouts=args.rollouts, temperature=args.temperature, max_tokens=args.max_tokens,
         learning_rate=args.learning_rate, batch_size=args.batch_size, epochs=args.epochs,

@@ -8,6 +8,9 @@ measurable on its own: the reader's line names the two right numbers; the solver
 sum of the two numbers it was given, right or wrong. Built, like the arithmetic team, as "user
 code" with AutoGen AgentChat and no tracing code: run it with ``AGL_BRIDGE_AUTO=1``.
 
+``--branch K`` samples the reader's turn K ways in one request (``agl_bridge.branch``), each
+candidate scored by the reader's reward at once, and goes on from the best: tree sampling.
+
 Tasks come as JSON lines (``{"task_id", "a", "b", "story"}``; ``story`` is made by
 ``make_story`` when absent). Rewards (verifiable, shaped so the base model scores above zero):
 
@@ -115,7 +118,14 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                                 model_context=BufferedChatCompletionContext(buffer_size=1))
         team = RoundRobinGroupChat([reader, solver], max_turns=2)
         with agl_bridge.episode(task_id=task["task_id"]) as episode_id:
-            result = await team.run(task=story_of(task))
+            if args.branch:  # tree sampling: the reader's turn K ways, scored on the spot
+                def reader_score(choice) -> float:
+                    return sum(score_reader(choice.message.content or "", a, b).values())
+
+                with agl_bridge.branch(args.branch, reader_score):
+                    result = await team.run(task=story_of(task))
+            else:
+                result = await team.run(task=story_of(task))
             replies = {m.source: m.content for m in result.messages
                        if isinstance(m, BaseTextChatMessage) and m.source != "user"}
             given = numbers(replies.get("reader", ""))
@@ -145,6 +155,9 @@ def main() -> None:
     ap.add_argument("--solver-model", default="solver")
     ap.add_argument("--reward", choices=("relay",), default="relay",
                     help="accepted for the demo's team command; this team has one reward")
+    ap.add_argument("--branch", type=int, default=0, metavar="K",
+                    help="tree sampling: sample the reader's turn K ways in one request, score "
+                         "each with the reader's reward, go on from the best (0: off)")
     program.run(ap, ap.parse_args(), run_all, roles=AGENTS)
 
 
