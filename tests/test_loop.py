@@ -149,6 +149,19 @@ def test_live_replay_turns_new_episodes_into_groups(tmp_path, tiny):
      "replay needs a team command"),
 ])
 def test_replay_settings_are_checked(settings, problem):
+    _refused(settings, problem)
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"algorithm": "ppo"}, "algorithm must be at_grpo, lightning_rl or sft"),
+    ({"policy": "solo"}, "policy must be shared, per_agent_lora or per_agent_model"),
+    ({"train_agents": ["b"]}, r"train_agents \['b'\] must be among agents \['a'\]"),
+])
+def test_training_settings_are_checked(settings, problem):
+    _refused(settings, problem)
+
+
+def _refused(settings, problem):
     values = dict(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off")
     values.update(settings)
     with pytest.raises(ValueError, match=problem):

@@ -68,6 +68,14 @@ def test_per_agent_lora_adapters_learn_only_from_their_own_agent(tiny, tmp_path)
     per_model = train_policy(data, tiny, tmp_path / "pm", policy="per_agent_model", config=cfg,
                              progress=False)
     assert set(per_model.adapters) == {"a", "b"}
+    # single-role training: only a's transitions, only a's adapter gets a version
+    only_a = train_policy(data, tiny, tmp_path / "one", policy="per_agent_lora",
+                          config=GRPOConfig(**{**cfg.__dict__, "train_agents": ["a"]}),
+                          progress=False)
+    assert set(only_a.adapters) == {"a"} and not (tmp_path / "one" / "b").exists()
+    with pytest.raises(ValueError, match=r"no transitions of train_agents \['c'\]"):
+        train_policy(data, tiny, tmp_path / "none", policy="per_agent_lora",
+                     config=GRPOConfig(train_agents=["c"]), progress=False)
 
 
 def test_kl_is_zero_before_the_first_update_and_importance_weights_apply(tiny, tmp_path):

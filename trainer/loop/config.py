@@ -65,6 +65,7 @@ class LoopConfig:
     epochs: int = 1
     lora_r: int = 16
     alpha: float = 1.0  # AT-GRPO team reward weight
+    train_agents: list[str] | None = None  # train only these agents (None: all in agents)
     seed: int = 0
     # -- the gate: held-out evaluation of each candidate beside the live version -------------
     eval_team: str | None = None  # default: the team command
@@ -98,6 +99,15 @@ class LoopConfig:
             raise ValueError("the gate needs eval_team (the team command run on eval_tasks)")
         if not self.agents:
             raise ValueError("agents: the aliases the team's agents ask for (one adapter each)")
+        if self.algorithm not in ("at_grpo", "lightning_rl", "sft"):
+            raise ValueError(f"algorithm must be at_grpo, lightning_rl or sft, got "
+                             f"{self.algorithm!r}")
+        if self.policy not in ("shared", "per_agent_lora", "per_agent_model"):
+            raise ValueError(f"policy must be shared, per_agent_lora or per_agent_model, got "
+                             f"{self.policy!r}")
+        if self.train_agents is not None and not set(self.train_agents) <= set(self.agents):
+            raise ValueError(f"train_agents {sorted(self.train_agents)} must be among agents "
+                             f"{sorted(self.agents)}")
         parse_baselines(self.baseline)
         if self.judge is not None:
             if self.traces is None:

@@ -159,6 +159,15 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=1, help="passes over each round's data")
     ap.add_argument("--alpha", type=float, default=1.0, help="AT-GRPO team reward weight")
+    ap.add_argument("--algorithm", choices=("at_grpo", "lightning_rl", "sft"),
+                    default="at_grpo", help="credit assignment and groups (lightning_rl: the "
+                    "team reward to every transition, task groups), or sft on the best rollouts")
+    ap.add_argument("--policy", choices=("per_agent_lora", "shared", "per_agent_model"),
+                    default="per_agent_lora", help="one LoRA adapter per agent, or one shared")
+    ap.add_argument("--per-agent-advantages", action="store_true",
+                    help="normalise advantages per agent within each group (Dr. MAS)")
+    ap.add_argument("--train-agents", nargs="+", metavar="AGENT",
+                    help="train only these agents' adapters (the others stay at the base)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fresh", action="store_true", help="discard an earlier run in --workdir")
     prod = ap.add_argument_group(
@@ -245,6 +254,8 @@ def run(args: argparse.Namespace) -> dict:
         rollouts=args.rollouts, temperature=args.temperature, max_tokens=args.max_tokens,
         learning_rate=args.learning_rate, batch_size=args.batch_size, epochs=args.epochs,
         alpha=args.alpha, seed=args.seed, eval_tasks=str(work / "eval-tasks.jsonl"),
+        algorithm=args.algorithm, policy=args.policy,
+        per_agent_advantages=args.per_agent_advantages, train_agents=args.train_agents,
         gate_tasks=str(work / "gate-tasks.jsonl"), eval_rollouts=args.eval_rollouts,
         eval_temperature=args.eval_temperature, gate=args.gate, rounds=args.rounds,
         minutes=args.minutes, watch_episodes=args.tasks_per_round * args.rollouts)

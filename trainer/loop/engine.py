@@ -401,7 +401,8 @@ class Loop:
                     evaluations_from=cfg.traces,
                     learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
                     lora_r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, seed=cfg.seed + r,
-                    num_train_epochs=cfg.epochs, **self._convert_config())
+                    num_train_epochs=cfg.epochs, **self._convert_config(),
+                    **({"train_agents": list(cfg.train_agents)} if cfg.train_agents else {}))
             except ValueError as exc:  # no transitions: nothing to learn from this round
                 log(f"round {r}: nothing to train on ({str(exc).splitlines()[0]})")
                 record["trained"] = False

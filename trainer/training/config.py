@@ -49,6 +49,8 @@ class GRPOConfig:
     # "best" of each group, or every one with reward >= sft_min_reward ("threshold")
     sft_select: Literal["best", "threshold"] = "best"
     sft_min_reward: float | None = None
+    # train only these agents' transitions (None: all); the others' adapters get no new version
+    train_agents: list[str] | None = None
     max_steps: int | None = None  # stop after this many optimizer steps
     save_steps: int | None = None  # checkpoint every N optimizer steps (needs checkpoint_dir)
 

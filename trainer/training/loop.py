@@ -93,6 +93,12 @@ def train_policy(
     if "advantage" in table.column_names:
         columns.append("advantage")
     rows = table.select(columns).to_pylist()
+    if cfg.train_agents is not None:
+        wanted = set(cfg.train_agents)
+        rows = [r for r in rows if r["agent_name"] in wanted]
+        if not rows:
+            raise ValueError(f"no transitions of train_agents {sorted(wanted)} (agents in the "
+                             f"data: {sorted({str(a) for a in table['agent_name'].to_pylist()})})")
     for i, r in enumerate(rows):
         if not math.isfinite(r["reward"]):
             raise ValueError(f"transition {i}: reward is {r['reward']}; refusing to train on it")
