@@ -367,6 +367,11 @@ class Loop:
         return {"baseline": cfg.baseline, "per_agent_advantages": cfg.per_agent_advantages,
                 "missing_reward": missing, "alpha": cfg.alpha}
 
+    def _train_options(self) -> dict[str, Any]:
+        """Trainer options set only when asked for (single-role training)."""
+        agents = self.cfg.train_agents
+        return {"train_agents": list(agents)} if agents else {}
+
     def _rewarded_episodes(self, files: list[Path]) -> set[str]:
         from agl_bridge.trainer.conversion import ConvertConfig, convert
         from agl_bridge.trainer.rewards.recipes import load_recipe
@@ -402,7 +407,7 @@ class Loop:
                     learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
                     lora_r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, seed=cfg.seed + r,
                     num_train_epochs=cfg.epochs, **self._convert_config(),
-                    **({"train_agents": list(cfg.train_agents)} if cfg.train_agents else {}))
+                    **self._train_options())
             except ValueError as exc:  # no transitions: nothing to learn from this round
                 log(f"round {r}: nothing to train on ({str(exc).splitlines()[0]})")
                 record["trained"] = False
