@@ -172,7 +172,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
     can_pack, hidden_size, max_row = packing_support(model)
     pack = cfg.share_prompts and can_pack
-    keys = [tuple(r["prompt_ids"]) for r in rows] if pack else None
+    # a hash per prompt is enough to keep a group together (pack_rows compares the ids)
+    keys = [hash(tuple(r["prompt_ids"])) for r in rows] if pack else None
 
     plan: list[tuple[str, list[int]]] = []  # (adapter, transition indices) per micro-batch
     for _ in range(cfg.num_train_epochs):
