@@ -15,7 +15,7 @@ from agl_bridge.errors import record_error
 from agl_bridge.scope import candidate, current_scope, emit_reward
 
 from .request import Call
-from .response import choice_from_message, common_attributes, give_back, record
+from .response import choice_from_message, common_attributes, give_back, model_ids, record
 from .utils import given
 
 #: the name of the reward each candidate's score is recorded as (turn scope, its candidate)
@@ -90,9 +90,7 @@ def finish(tracer: trace.Tracer, span: trace.Span, result: Any, call: Call) -> A
         if from_body and take is not None:
             ids, logprobs = take.choices.get(index, (None, None))
         else:
-            content = getattr(getattr(choice, "logprobs", None), "content", None)
-            ids = getattr(choice, "token_ids", None)
-            logprobs = [float(t.logprob) for t in content] if content else None
+            ids, logprobs = model_ids(choice)
         target = span if position == best else tracer.start_span(
             getattr(span, "name", sc.chat_span_name(None)), kind=SpanKind.CLIENT,
             attributes=call.request_attributes, start_time=start)

@@ -149,12 +149,17 @@ def record_response(span: trace.Span, result: Any, call: Call) -> None:
     if take is not None and take.absorbed:
         record(span, call, attrs, take.prompt_ids, take.completion_ids, take.logprobs)
         return
-    first = choices[0] if choices else None
-    content = getattr(getattr(first, "logprobs", None), "content", None)
-    record(span, call, attrs, getattr(result, "prompt_token_ids", None),
-           getattr(first, "token_ids", None) if first is not None else None,
-           [float(t.logprob) for t in content] if content else None)
+    ids, logprobs = model_ids(choices[0]) if choices else (None, None)
+    record(span, call, attrs, getattr(result, "prompt_token_ids", None), ids, logprobs)
     give_back(result, call)
+
+
+def model_ids(choice: Any) -> tuple[Any, list[float] | None]:
+    """A choice's completion ids and logprobs as the SDK's models hold them (when the raw take
+    could not read the body)."""
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    return (getattr(choice, "token_ids", None),
+            [float(t.logprob) for t in content] if content else None)
 
 
 def give_back(result: Any, call: Call) -> None:

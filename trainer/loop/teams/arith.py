@@ -76,10 +76,6 @@ def operands(task: dict) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def _client(base_url: str, model: str, temperature: float, max_tokens: int):
-    return program.model_client(base_url, model, temperature, max_tokens)
-
-
 async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                reward: str, args: argparse.Namespace) -> dict:
     from autogen_agentchat.agents import AssistantAgent
@@ -113,10 +109,9 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
 
 
 async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
-    clients = {"solver": _client(args.base_url, args.solver_model, args.temperature,
-                                 args.max_tokens),
-               "checker": _client(args.base_url, args.checker_model, args.temperature,
-                                  args.max_tokens)}
+    clients = {name: program.model_client(args.base_url, getattr(args, f"{name}_model"),
+                                          args.temperature, args.max_tokens)
+               for name in ("solver", "checker")}
     sem = asyncio.Semaphore(args.concurrency)
     total = len(tasks) * args.rollouts
     done = 0

@@ -20,7 +20,8 @@ import signal
 import time
 from collections.abc import Iterator
 
-from agl_bridge.trainer.loop.teams.arith import _client, play
+from agl_bridge.trainer.loop.teams.arith import play
+from agl_bridge.trainer.loop.teams.program import model_client
 
 QUESTION_SPACE = [(a, b) for a in range(2, 200) for b in range(2, 20)]
 
@@ -47,7 +48,7 @@ async def serve(args: argparse.Namespace) -> int:
         if path and os.path.exists(path):
             with open(path) as f:
                 exclude |= {(t["a"], t["b"]) for t in map(json.loads, f) if "a" in t}
-    clients = {name: _client(args.base_url, name, args.temperature, args.max_tokens)
+    clients = {name: model_client(args.base_url, name, args.temperature, args.max_tokens)
                for name in ("solver", "checker")}
     sem = asyncio.Semaphore(args.concurrency)
     deadline = time.monotonic() + args.minutes * 60
