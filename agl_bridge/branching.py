@@ -25,12 +25,12 @@ integration that sets them): a candidate's reward is keyed by them.
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
+
+from agl_bridge.scope import finite_number
 
 Scorer = Callable[[Any], float]
 
@@ -55,14 +55,9 @@ class Branch:
 
     def choose(self, choices: Sequence[Any]) -> int:
         """Score every choice; returns the position of the best (ties: the first)."""
-        scores: list[float] = []
-        for position, choice in enumerate(choices):
-            value = self.score(choice)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
-                    float(value)):
-                raise ValueError(f"agl_bridge.branch: score() must return a finite number, got "
-                                 f"{value!r} for choice {position}")
-            scores.append(float(value))
+        scores = [finite_number(self.score(choice),
+                                f"agl_bridge.branch: score() of choice {position}")
+                  for position, choice in enumerate(choices)]
         best = max(range(len(scores)), key=lambda i: (scores[i], -i))
         self.scores = scores
         self.chosen = best

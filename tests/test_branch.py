@@ -140,10 +140,15 @@ def test_refusals_say_what_is_wrong_and_send_nothing(spans, instrumented):
         assert server.requests == []
         with agl_bridge.agent("solver"), agl_bridge.turn(0), \
                 agl_bridge.branch(2, lambda c: math.nan):
-            with pytest.raises(ValueError, match="finite number, got nan for choice 0"):
+            with pytest.raises(ValueError, match=r"score\(\) of choice 0 must be finite, got nan"):
                 client.chat.completions.create(model="m", messages=MESSAGES)
-    (failed,) = chat(spans)
-    assert failed.status.status_code == StatusCode.ERROR and failed.end_time is not None
+        with agl_bridge.agent("solver"), agl_bridge.turn(0), \
+                agl_bridge.branch(2, lambda c: "high"):
+            with pytest.raises(TypeError, match=r"choice 0 must be a real number, got str"):
+                client.chat.completions.create(model="m", messages=MESSAGES)
+    failed = chat(spans)
+    assert len(failed) == 2 and all(s.status.status_code == StatusCode.ERROR
+                                    and s.end_time is not None for s in failed)
 
 
 def test_a_stream_is_not_branched_and_the_block_waits_for_the_next_call(spans, instrumented):
