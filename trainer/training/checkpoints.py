@@ -68,15 +68,9 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(resume: str | os.PathLike[str] | bool, checkpoint_dir: str | os.PathLike[str]
-                    | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    old: dict[int, torch.Tensor]) -> tuple[int, int, list[dict[str, Any]]]:
-    """Restore weights, optimizer, logprobs and RNG; returns (next micro-batch, optimizer step,
-    metrics so far). ``resume``: a checkpoint directory, or True for the latest one in
-    ``checkpoint_dir``."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+def resolve_checkpoint(resume: str | os.PathLike[str] | bool,
+                       checkpoint_dir: str | os.PathLike[str] | None) -> Path:
+    """``resume``: a checkpoint directory, or True for the latest one in ``checkpoint_dir``."""
     path: Path | None
     if isinstance(resume, bool):
         path = latest_checkpoint(checkpoint_dir) if resume and checkpoint_dir else None
@@ -85,12 +79,25 @@ def load_checkpoint(resume: str | os.PathLike[str] | bool, checkpoint_dir: str |
     where = checkpoint_dir if resume is True else resume
     if path is None or not path.is_dir():
         raise FileNotFoundError(f"no checkpoint to resume from in {where}")
-    if not (path / TENSORS_FILE).exists():
+    if not (path / TENSORS_FILE).exists() and not is_sharded(path):
         if (path / "state.pt").exists():
             raise ValueError(f"{path}: a pickled checkpoint (state.pt) is not loaded: unpickling "
                              "can run code from the file. Train again from the last adapter "
                              "version instead.")
         raise FileNotFoundError(f"no checkpoint to resume from in {where}")
+    return path
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    old: dict[int, torch.Tensor]) -> tuple[int, int, list[dict[str, Any]]]:
+    """Restore weights, optimizer, logprobs and RNG from ``resolve_checkpoint``'s directory;
+    returns (next micro-batch, optimizer step, metrics so far)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if is_sharded(path):
+        raise ValueError(f"{path}: a sharded (FSDP) checkpoint; resume it under torchrun with "
+                         "parallelism='fsdp'")
     try:
         state = json.loads((path / STATE_FILE).read_text())
         tensors = load_file(str(path / TENSORS_FILE))
@@ -122,3 +129,153 @@ def load_checkpoint(resume: str | os.PathLike[str] | bool, checkpoint_dir: str |
                 if k.startswith("old/")})
     torch.set_rng_state(tensors["rng"])
     return int(state["next_micro_batch"]), int(state["step"]), list(state.get("metrics") or [])
+
+
+# ---- sharded (FSDP) checkpoints -------------------------------------------------------------
+# The LoRA weights and optimizer state are DTensors sharded over the ranks. Each rank writes
+# its own shards with torch's distributed checkpoint (DCP) in its safetensors format, whose
+# index lives in the files' JSON headers: DCP's default format keeps a pickled ``.metadata``
+# file, which loading would unpickle. Per rank also the log-probabilities of the transitions it
+# saw and its RNG state; rank 0 writes ``state.json``. The checkpoint directory must be one all
+# ranks see (a shared filesystem across nodes).
+
+SHARDS_DIR = "shards"
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
+
+
+def _flat_sharded_state(forward: torch.nn.Module, optimizer: torch.optim.Optimizer
+                        ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """LoRA weights and optimizer state, flat (``lora/<fqn>``, ``optimizer/<fqn>/<key>``), as
+    the ranks' local shards (DTensors); and the optimizer's param groups."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(ignore_frozen_params=True)
+    for n, p in forward.named_parameters():  # set_adapter freezes the inactive adapters
+        if "lora_" in n:
+            p.requires_grad_(True)
+    model_state: dict[str, Any] = get_model_state_dict(forward, options=options)
+    optim_state: dict[str, Any] = dict(get_optimizer_state_dict(forward, optimizer,
+                                                                options=options))
+    flat: dict[str, torch.Tensor] = {f"lora/{k}": v for k, v in model_state.items()
+                                     if "lora_" in k}
+    for fqn, state in optim_state["state"].items():
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"optimizer state {fqn}.{key} is not a tensor: {type(value)}")
+            flat[f"optimizer/{fqn}/{key}"] = value
+    return flat, list(optim_state["param_groups"])
+
+
+def save_sharded_checkpoint(root: Path, next_micro: int, step: int, forward: torch.nn.Module,
+                            optimizer: torch.optim.Optimizer, old: dict[int, torch.Tensor],
+                            metrics: list[dict[str, Any]]) -> Path:
+    """Every rank calls this (a collective). Written into ``.tmp-checkpoint-<step>`` and
+    renamed by rank 0 once all ranks have written: a kill leaves the previous checkpoint whole."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = root / f"checkpoint-{step}"
+    tmp = root / f".tmp-checkpoint-{step}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / SHARDS_DIR).mkdir(parents=True)
+    dist.barrier()
+    flat, groups = _flat_sharded_state(forward, optimizer)
+    dcp.save(flat, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDS_DIR),
+                                                           save_distributed=True))
+    mine = {f"old/{i}": lp.detach().cpu().contiguous().clone() for i, lp in old.items()}
+    mine["rng"] = torch.get_rng_state()
+    # each rank's own metrics (its micro-batches) in its file's header
+    save_file(mine, str(tmp / _rank_file(rank)), metadata={"metrics": json.dumps(metrics)})
+    _fsync_dir_files(tmp / SHARDS_DIR, [tmp / _rank_file(rank)] if rank else [])
+    dist.barrier()
+    if rank == 0:
+        state = {"format": FORMAT, "next_micro_batch": next_micro, "step": step,
+                 "param_groups": groups, "sharded": True, "world": world}
+        (tmp / STATE_FILE).write_text(json.dumps(state))
+        _fsync_dir_files(tmp, [tmp / STATE_FILE, tmp / _rank_file(0)])
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    dist.barrier()
+    return out
+
+
+def _fsync_dir_files(folder: Path, extra: list[Path]) -> None:
+    for f in [*sorted(folder.glob("*.safetensors")), *extra]:
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def is_sharded(path: str | os.PathLike[str]) -> bool:
+    return (Path(path) / SHARDS_DIR).is_dir()
+
+
+def load_sharded_checkpoint(path: Path, forward: torch.nn.Module,
+                            optimizer: torch.optim.Optimizer, old: dict[int, torch.Tensor]
+                            ) -> tuple[int, int, list[dict[str, Any]]]:
+    """Every rank calls this. The shards are read with DCP (which would also reshard them to
+    another world size); the data plan is split by rank, so a run resumes on the world size it
+    was saved with, or is refused."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from safetensors import SafetensorError, safe_open
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable checkpoint ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not state.get("sharded"):
+        raise ValueError(f"{path}: not a sharded agl-bridge checkpoint ({STATE_FILE})")
+    if state.get("world") != world:
+        raise ValueError(f"{path}: saved by {state.get('world')} ranks, resumed on {world}; "
+                         f"the data plan is split by rank: resume on {state.get('world')}")
+    # the template (shapes, placements) has optimizer state for every parameter; the
+    # checkpoint only for those trained before it: the others must start with none, as they
+    # would have in a run never stopped
+    flat, _ = _flat_sharded_state(forward, optimizer)
+    shards = str(path / SHARDS_DIR)
+    try:
+        saved = set(HuggingFaceStorageReader(shards).read_metadata().state_dict_metadata)
+        odd = sorted(saved - set(flat)) + sorted(k for k in flat
+                                                 if k.startswith("lora/") and k not in saved)
+        if odd:
+            raise ValueError(f"checkpoint does not fit this model/adapters ({odd[0]} is in "
+                             "one and not the other)")
+        flat = {k: v for k, v in flat.items() if k in saved}
+        dcp.load(flat, storage_reader=HuggingFaceStorageReader(shards))
+        with safe_open(str(path / _rank_file(rank)), framework="pt") as f:
+            mine = {k: f.get_tensor(k) for k in f.keys()}
+            metrics = json.loads((f.metadata() or {}).get("metrics", "[]"))
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
+        raise ValueError(f"{path}: unreadable or mismatched checkpoint shards ({exc})") from None
+    options = StateDictOptions(ignore_frozen_params=True, strict=False)
+    set_model_state_dict(forward, {k.removeprefix("lora/"): v for k, v in flat.items()
+                                   if k.startswith("lora/")}, options=options)
+    optim: dict[str, Any] = {"state": {}, "param_groups": state["param_groups"]}
+    for k, v in flat.items():
+        if k.startswith("optimizer/"):
+            fqn, key = k.removeprefix("optimizer/").rsplit("/", 1)
+            optim["state"].setdefault(fqn, {})[key] = v
+    set_optimizer_state_dict(forward, optimizer, optim, options=options)
+    old.update({int(k.removeprefix("old/")): v for k, v in mine.items() if k.startswith("old/")})
+    torch.set_rng_state(mine["rng"])
+    if not isinstance(metrics, list):
+        raise ValueError(f"{path / _rank_file(rank)}: its metrics are not a list")
+    return int(state["next_micro_batch"]), int(state["step"]), metrics

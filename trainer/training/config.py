@@ -11,6 +11,8 @@ from agl_bridge.trainer.adapters import version_of
 Policy = Literal["shared", "per_agent_lora", "per_agent_model"]
 POLICIES: tuple[Policy, ...] = ("shared", "per_agent_lora", "per_agent_model")
 # grpo: sequence mean; bnpo/dapo: token mean; dr_grpo: a constant normaliser (TRL's names)
+Parallelism = Literal["data", "fsdp"]
+PARALLELISMS: tuple[Parallelism, ...] = ("data", "fsdp")
 LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
 
 
@@ -51,6 +53,11 @@ class GRPOConfig:
     sft_min_reward: float | None = None
     # train only these agents' transitions (None: all); the others' adapters get no new version
     train_agents: list[str] | None = None
+    # under torchrun: "data" (every rank holds the whole model; gradients averaged) or "fsdp"
+    # (PyTorch FSDP2: each decoder block's weights sharded over the ranks, gathered while the
+    # block runs; bfloat16 compute on GPU unless bf16=False; sharded checkpoints). One process:
+    # the same training either way.
+    parallelism: Parallelism = "data"
     max_steps: int | None = None  # stop after this many optimizer steps
     save_steps: int | None = None  # checkpoint every N optimizer steps (needs checkpoint_dir)
 

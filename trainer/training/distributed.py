@@ -38,3 +38,36 @@ def all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
         p.grad /= world
 
 
+
+
+def share_old_logprobs(old: dict[int, torch.Tensor], new: list[int], device: torch.device
+                       ) -> None:
+    """Give every rank the pre-update log-probabilities each rank recorded since the last call
+    (``new``: the transitions it saw first). A later epoch may put a transition on another
+    rank than its first visit; its clipped ratio must still be against that first visit's
+    log-probabilities, as in one process. Two all-gathers of padded float tensors."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    width = max((old[i].numel() for i in new), default=0)
+    sizes = torch.tensor([len(new), width], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(sizes) for _ in range(world)]
+    dist.all_gather(every, sizes)
+    rows = max(int(s[0]) for s in every)
+    cols = max(int(s[1]) for s in every)
+    if rows == 0:
+        return
+    # per row: transition index, length, then the values (float64 holds an index exactly)
+    mine = torch.zeros(rows, cols + 2, dtype=torch.float64, device=device)
+    mine[:, 0] = -1
+    for r, i in enumerate(new):
+        lp = old[i].detach().reshape(-1)
+        mine[r, 0], mine[r, 1] = i, lp.numel()
+        mine[r, 2:2 + lp.numel()] = lp.to(torch.float64)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    for block in gathered:
+        for row in block:
+            i = int(row[0])
+            if i >= 0 and i not in old:
+                old[i] = row[2:2 + int(row[1])].to(torch.float32)

@@ -36,19 +36,29 @@ import torch
 from agl_bridge._version import __version__
 from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, next_version_dir
 from agl_bridge.trainer.rewards.advantages import group_advantages
-from agl_bridge.trainer.training.checkpoints import load_checkpoint, save_checkpoint
-from agl_bridge.trainer.training.config import GRPOConfig, Policy, TrainResult
+from agl_bridge.trainer.training.checkpoints import (
+    load_checkpoint,
+    load_sharded_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
+from agl_bridge.trainer.training.config import PARALLELISMS, GRPOConfig, Policy, TrainResult
 from agl_bridge.trainer.training.data import batches, collate, pack_rows, read_transitions
-from agl_bridge.trainer.training.distributed import all_reduce_grads, world_and_rank
+from agl_bridge.trainer.training.distributed import (
+    all_reduce_grads,
+    share_old_logprobs,
+    world_and_rank,
+)
 from agl_bridge.trainer.training.losses import grpo_clip_loss, importance_weights
 from agl_bridge.trainer.training.model import (
-    completion_logprobs,
     load_policy,
     packing_support,
     peft_name,
     trainable,
 )
 from agl_bridge.trainer.training.sft import select_for_sft, sft_loss
+from agl_bridge.trainer.training.sharding import PolicyForward, full_lora_state, local_value, shard
 
 logger = logging.getLogger(__name__)
 
@@ -160,12 +170,18 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         flat = {g for g, values in by_group.items() if len(values) < 2}
         skipped_zero_variance = sum(r["group_id"] in flat for r in rows)
         rows = [r for r in rows if r["group_id"] not in flat]
+    if cfg.parallelism not in PARALLELISMS:
+        raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {cfg.parallelism!r}")
+    world, rank = world_and_rank()  # the process group first: FSDP shards over it
     model, device = load_policy(base_model, cfg, names, init_adapters)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    params = trainable(model)
+    sharded = cfg.parallelism == "fsdp" and world > 1
+    mixed = sharded and device.type == "cuda" and cfg.bf16 in (None, True)
+    forward = shard(model, device, mixed) if sharded else PolicyForward(model)
+    mask_dtype = torch.bfloat16 if mixed else model.dtype
+    params = trainable(model)  # under FSDP: the ranks' shards (DTensors)
     # no weight decay (the HF and TRL default): an adapter without data must not move
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
-    world, rank = world_and_rank()
     eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
     max_len = cfg.max_completion_length or max((len(r["completion_ids"]) for r in rows),
                                                default=1)
@@ -175,16 +191,26 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     # a hash per prompt is enough to keep a group together (pack_rows compares the ids)
     keys = [hash(tuple(r["prompt_ids"])) for r in rows] if pack else None
 
+    # Under FSDP every rank must train the same adapter in a step (sharding.py), so the plan
+    # is shuffled in units of world x accumulation micro-batches of one adapter; an adapter's
+    # last, incomplete unit is left out. The unit is 1 otherwise.
+    unit = world * cfg.gradient_accumulation_steps if cfg.parallelism == "fsdp" else 1
     plan: list[tuple[str, list[int]]] = []  # (adapter, transition indices) per micro-batch
+    left_out = 0
     for _ in range(cfg.num_train_epochs):
-        epoch = []
+        units: list[list[tuple[str, list[int]]]] = []
         for name in names:
             mine = [i for i, r in enumerate(rows) if r["adapter"] == name]
-            epoch += [(name, b) for b in batches(mine, cfg.per_device_train_batch_size, rng,
-                                                  lengths if cfg.group_by_length else None,
-                                                  keys)]
-        rng.shuffle(epoch)
-        plan += epoch
+            own = [(name, b) for b in batches(mine, cfg.per_device_train_batch_size, rng,
+                                              lengths if cfg.group_by_length else None, keys)]
+            whole = len(own) - len(own) % unit
+            left_out += len(own) - whole
+            units += [own[i:i + unit] for i in range(0, whole, unit)]
+        rng.shuffle(units)
+        plan += [m for u in units for m in u]
+    if left_out:
+        logger.info("agl_bridge: %d micro-batch(es) left out: FSDP steps take %d of one "
+                    "adapter", left_out, unit)
     if world > 1:  # the same plan on every rank (same seed): each takes its share, equal counts
         share = len(plan) // world
         if share * world != len(plan):
@@ -197,8 +223,16 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     step = 0
     start = 0
     if resume:
-        start, step, metrics = load_checkpoint(resume, checkpoint_dir, model, optimizer, old)
+        path = resolve_checkpoint(resume, checkpoint_dir)
+        if sharded:
+            start, step, metrics = load_sharded_checkpoint(path, forward, optimizer, old)
+        else:
+            start, step, metrics = load_checkpoint(path, model, optimizer, old)
         bar.update(start)
+    # later epochs may put a transition on another rank than its first visit: every rank
+    # gets each step's first-visit log-probabilities
+    share_old = world > 1 and cfg.num_train_epochs > 1 and objective == "grpo"
+    fresh: list[int] = []
     optimizer.zero_grad(set_to_none=True)
     for micro, (name, idx) in enumerate(plan):
         if micro < start:
@@ -207,18 +241,24 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             break
         t0 = time.perf_counter()
         model.set_adapter(peft_name(name))
+        if sharded:  # every adapter's shards stay trainable under FSDP (sharding.py)
+            for p in params:
+                p.requires_grad_(True)
         part = [rows[i] for i in idx]
         packing = pack_rows([r["prompt_ids"] for r in part],
                             [len(r["completion_ids"]) for r in part], hidden_size,
                             max_row) if pack else None
-        batch = collate(part, pad_id, device, packing, model.dtype)
-        logp = completion_logprobs(model, batch)
+        batch = collate(part, pad_id, device, packing, mask_dtype)
+        logp = forward(batch)
         adv = torch.tensor([rows[i]["advantage"] for i in idx], device=device)
+        fresh += [i for i in idx if i not in old]
         if objective == "sft":
             loss = sft_loss(logp, batch["loss_mask"], cfg.loss_type, max_len)
             stats: dict[str, float] = {}
         else:
-            loss, stats = _grpo_loss(model, batch, logp, adv, idx, old, cfg, eps_high, max_len)
+            loss, stats = _grpo_loss(forward, batch, logp, adv, idx,
+                                     [len(r["completion_ids"]) for r in part], old, cfg,
+                                     eps_high, max_len)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()} at step {step} (adapter {name}, "
                                      f"transitions {idx})")
@@ -227,9 +267,13 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         grad_norm = float("nan")
         checkpoint_due = False
         if (micro + 1) % cfg.gradient_accumulation_steps == 0 or last:
-            if world > 1:
+            if world > 1 and not sharded:  # FSDP reduce-scatters in backward
                 all_reduce_grads(params, world)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            if share_old:
+                share_old_logprobs(old, fresh, device)
+                fresh = []
+            grad_norm = float(local_value(torch.nn.utils.clip_grad_norm_(params,
+                                                                         cfg.max_grad_norm)))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -259,32 +303,39 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
                 f.write(json.dumps(m) + "\n")
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.4f}", adapter=name)
-        if checkpoint_due and rank == 0:  # right after an optimizer step
+        if checkpoint_due and sharded:  # right after an optimizer step; every rank writes
+            save_sharded_checkpoint(Path(checkpoint_dir), micro + 1, step, forward, optimizer,
+                                    old, metrics)
+        elif checkpoint_due and rank == 0:
             save_checkpoint(Path(checkpoint_dir), micro + 1, step, model, optimizer, old,
                              metrics)
     bar.close()
     kept = model if keep_model else None
+    gathered = full_lora_state(forward) if sharded else None  # a collective: all ranks gather
     if rank != 0:  # every rank holds the same weights; one writes them
         return TrainResult({}, step, metrics, metrics_file, kept)
     adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
                             sum(r["adapter"] == name for r in rows), step, metrics, data,
-                            objective)
+                            objective, gathered)
                 for name in names}
     return TrainResult(adapters, step, metrics, metrics_file, kept)
 
 
-def _grpo_loss(model, batch: dict[str, torch.Tensor], logp: torch.Tensor, adv: torch.Tensor,
-               idx: list[int], old: dict[int, torch.Tensor], cfg: GRPOConfig, eps_high: float,
+def _grpo_loss(forward: PolicyForward, batch: dict[str, torch.Tensor], logp: torch.Tensor,
+               adv: torch.Tensor, idx: list[int], lengths: list[int],
+               old: dict[int, torch.Tensor], cfg: GRPOConfig, eps_high: float,
                max_len: int) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped policy-gradient loss of one micro-batch; ``old`` keeps each transition's
     log-probabilities from its first visit (on-policy then; later epochs are clipped)."""
-    for j, i in enumerate(idx):
-        old.setdefault(i, logp[j].detach().clone())
-    old_logp = torch.stack([old[i] for i in idx])
+    width = logp.shape[1]
+    for j, (i, n) in enumerate(zip(idx, lengths)):  # kept at its own length: a later epoch
+        old.setdefault(i, logp[j, :n].detach().clone())  # pads it to another batch's width
+    old_logp = torch.stack([torch.nn.functional.pad(old[i], (0, width - old[i].numel()))
+                            for i in idx])
     ref = None
     if cfg.beta != 0.0:
-        with torch.no_grad(), model.disable_adapter():
-            ref = completion_logprobs(model, batch)
+        with torch.no_grad(), forward.model.disable_adapter():
+            ref = forward(batch)
     weights = None
     if cfg.vllm_importance_sampling_correction and batch["has_behaviour"].any():
         w = importance_weights(old_logp, batch["behaviour"], cfg.vllm_importance_sampling_cap)
@@ -310,11 +361,14 @@ def _data_range(source, table: pa.Table) -> dict[str, Any]:
 
 def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_adapters,
           n_transitions: int, steps: int, metrics: list[dict[str, Any]],
-          data: dict[str, Any] | None = None, objective: Objective = "grpo") -> Path:
-    """One adapter -> a new version directory (written to a temporary name, then renamed)."""
+          data: dict[str, Any] | None = None, objective: Objective = "grpo",
+          state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """One adapter -> a new version directory (written to a temporary name, then renamed).
+    ``state_dict``: the weights gathered from the FSDP shards (the model holds only its own)."""
     version, out_dir = next_version_dir(adapters_root, name)
     tmp = out_dir.with_name(f".tmp-{uuid.uuid4().hex}-{out_dir.name}")
-    model.save_pretrained(str(tmp), selected_adapters=[peft_name(name)])
+    extra = {} if state_dict is None else {"state_dict": state_dict}
+    model.save_pretrained(str(tmp), selected_adapters=[peft_name(name)], **extra)
     inner = tmp / peft_name(name)  # PEFT saves a non-default adapter in a subfolder
     saved = inner if (inner / "adapter_config.json").exists() else tmp
     mine = [m for m in metrics if m["adapter"] == name]

@@ -46,8 +46,13 @@ def packing_support(model) -> tuple[bool, int, int | None]:
 
 
 def device_and_dtype(cfg: GRPOConfig) -> tuple[torch.device, torch.dtype]:
+    """The device (under torchrun, each process its own GPU: ``LOCAL_RANK``) and the dtype the
+    weights load in. FSDP keeps float32 weights and computes in bfloat16 (its mixed precision)."""
     if torch.cuda.is_available():
-        return torch.device("cuda"), torch.bfloat16 if cfg.bf16 in (None, True) else torch.float32
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        wanted = cfg.bf16 in (None, True) and cfg.parallelism != "fsdp"
+        return torch.device("cuda", index), torch.bfloat16 if wanted else torch.float32
     return torch.device("cpu"), torch.bfloat16 if cfg.bf16 else torch.float32
 
 

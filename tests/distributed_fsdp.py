@@ -1,0 +1,38 @@
+"""Run under torchrun (or as one plain process): per-agent LoRA training with
+``parallelism="fsdp"``. Writes each rank's per-micro-batch losses and, from rank 0, the
+adapters; ``stop`` checkpoints every step and stops after 2, ``resume`` continues the latest
+checkpoint. Usage: distributed_fsdp.py MODEL OUT {run,stop,resume} ACCUMULATION"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+from agl_bridge.schema import TRANSITION_SCHEMA
+from agl_bridge.trainer.training import GRPOConfig, train_policy
+
+model_dir, out, mode, accumulation = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+rows = []
+for i in range(16):  # two agents, two groups each, completions of different lengths
+    agent = "ab"[i % 2]
+    n = 2 + i % 5
+    rows.append({"episode_id": f"e{i}", "task_id": "t", "agent_name": agent,
+                 "prompt_ids": [257, 40 + i % 4, 258], "completion_ids": list(range(60, 60 + n)),
+                 "completion_mask": [1] * n, "behaviour_logprobs": None,
+                 "reward": [1.0, 0.0, 0.5, 0.2, 0.9, 0.1, 0.7, 0.3][i % 8],
+                 "group_id": f"g_{agent}_{i // 8}", "advantage": None, "merged_calls": 1,
+                 "retokenized": False})
+cfg = GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=2, num_train_epochs=2,
+                 gradient_accumulation_steps=accumulation, parallelism="fsdp",
+                 save_steps=1 if mode == "stop" else None, max_steps=2 if mode == "stop" else None)
+result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
+                      out / "adapters", policy="per_agent_lora", progress=False, config=cfg,
+                      checkpoint_dir=out / "checkpoints",
+                      resume_from_checkpoint=True if mode == "resume" else None)
+rank = int(os.environ.get("RANK", "0"))
+(out / f"{mode}-rank{rank}.json").write_text(json.dumps({
+    "steps": result.steps, "adapters": {k: str(v) for k, v in result.adapters.items()},
+    "losses": [m["loss"] for m in result.metrics],
+    "adapter_per_micro": [m["adapter"] for m in result.metrics]}))

@@ -1,0 +1,92 @@
+"""Fully sharded training (PyTorch FSDP2, ``fully_shard``) of the LoRA policies.
+
+Why a wrapper module: ``completion_logprobs`` runs the decoder stack and then uses the LM
+head's weight directly (the tiled log-softmax), never calling the whole model's ``forward``.
+FSDP2 gathers a unit's parameters in that unit's forward hooks, so the computation itself is
+made a module (``PolicyForward``) and sharded as the root unit: the embeddings, final norm and
+head are gathered when it runs, each decoder block in its own unit when the block runs. The
+root keeps its parameters gathered from forward to backward (FSDP2 does not reshard the root
+after forward), which the head's recomputation in backward needs.
+
+Why the same adapter on every rank in a step: FSDP2 reduce-scatters the gradients of the
+parameters that have one; if ranks trained different agents' adapters in the same step, their
+sets would differ and the collectives would not match. ``loop._train`` plans micro-batches in
+units of ``world x gradient_accumulation_steps`` of one adapter under FSDP.
+
+All functions here that touch the process group are collectives: every rank calls them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agl_bridge.trainer.training.model import completion_logprobs
+
+
+class PolicyForward(torch.nn.Module):
+    """``completion_logprobs`` of the wrapped (peft) model as a module call; unsharded, calling
+    it is calling the function."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model: Any = model
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        # a copy, not a view ([batch, completion]: small): FSDP2 hooks backward on the output,
+        # and an in-place op on a view of it would drop that hook
+        return completion_logprobs(self.model, batch).clone()
+
+
+def blocks(model: Any) -> list[torch.nn.Module]:
+    """The decoder blocks of a (peft-wrapped) transformers causal LM: the units FSDP shards
+    one by one (gathered only while their block runs)."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = getattr(lm, lm.base_model_prefix)
+    layers = getattr(body, "layers", None) or getattr(body, "h", None)
+    if layers is None:
+        raise ValueError(f"{type(lm).__name__}: no decoder blocks found (.layers or .h) to "
+                         "shard; use parallelism='data'")
+    return list(layers)
+
+
+def shard(model: Any, device: torch.device, mixed_precision: bool) -> PolicyForward:
+    """``fully_shard`` each decoder block, then the rest as the root unit. On a GPU with
+    ``mixed_precision``, blocks compute in bfloat16 and gradients are reduced in float32 while
+    the sharded parameters (and so the optimizer) stay float32."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                   reduce_dtype=torch.float32)
+    for block in blocks(model):
+        fully_shard(block, **kwargs)
+    forward = PolicyForward(model)
+    fully_shard(forward, **kwargs)
+    return forward
+
+
+def local_value(x: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a collective), a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def full_lora_state(forward: PolicyForward) -> dict[str, torch.Tensor]:
+    """Every adapter's LoRA weights, whole, on the CPU, keyed as the peft model's own
+    ``state_dict`` (what ``save_pretrained(state_dict=...)`` takes). A collective: every rank
+    calls it; each gets the full tensors (LoRA weights are small next to the base)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    for n, p in forward.named_parameters():  # set_adapter freezes the inactive adapters
+        if "lora_" in n:
+            p.requires_grad_(True)
+    state: dict[str, Any] = get_model_state_dict(forward, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))
+    return {k.removeprefix("model."): v for k, v in state.items() if "lora_" in k}
