@@ -174,6 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--loss-type", choices=["grpo", "bnpo", "dapo", "dr_grpo"])
     t.add_argument("--lora-r", type=int)
     t.add_argument("--seed", type=int)
+    t.add_argument("--gradient-accumulation-steps", type=int)
+    t.add_argument("--parallelism", choices=["data", "fsdp"],
+                   help="under torchrun: data parallel (default; every rank holds the model) "
+                        "or FSDP2 (the model's blocks sharded over the ranks)")
     t.add_argument("--save-steps", type=int, help="checkpoint every N optimizer steps")
     t.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
     baseline_args(t, default=None)

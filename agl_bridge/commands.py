@@ -101,7 +101,9 @@ def train(args: argparse.Namespace) -> int:
              "lora_r": args.lora_r, "seed": args.seed, "save_steps": args.save_steps,
              "max_steps": args.max_steps, "baseline": args.baseline,
              "sft_select": args.sft_select, "sft_min_reward": args.sft_min_reward,
-             "per_agent_advantages": args.per_agent_advantages}
+             "per_agent_advantages": args.per_agent_advantages,
+             "gradient_accumulation_steps": args.gradient_accumulation_steps,
+             "parallelism": args.parallelism}
     options.update({k: v for k, v in flags.items() if v is not None})  # flags win over the file
     # flags win over the file, which wins over the defaults
     algorithm = args.algorithm or options.pop("algorithm", None) or "at_grpo"

@@ -80,3 +80,23 @@ def test_cli_continues_every_agents_adapter_and_flags_win(tiny, spans_dir, tmp_p
     for agent in ("solver", "checker"):
         meta = json.loads((adapters / agent / "v0002" / "agl_bridge_adapter.json").read_text())
         assert meta["init_adapter"] == str(adapters / agent / "v0001")
+
+
+def test_cli_under_torchrun_with_fsdp_converts_once_and_trains_sharded(tiny, spans_dir,
+                                                                      tmp_path):
+    """`torchrun -m agl_bridge.cli train --parallelism fsdp`: rank 0 converts while rank 1
+    waits for its file, both train (the blocks sharded), rank 0 alone prints and saves."""
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", "-m", "agl_bridge.cli", "train", str(spans_dir),
+                          "--base-model", str(tiny), "--policy", "per_agent_lora",
+                          "--parallelism", "fsdp", "--per-device-train-batch-size", "1",
+                          "--learning-rate", "0.05", "--output-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert out.stdout.count("8 transitions") == 1  # one conversion, printed once
+    assert out.stdout.count("adapter solver:") == out.stdout.count("adapter checker:") == 1
+    saved = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert saved["options"]["parallelism"] == "fsdp"
+    assert sorted(saved["adapters"]) == ["checker", "solver"]
+    # 8 transitions, batch 1, 2 ranks: 2 steps of each adapter on every rank
+    assert saved["steps"] == 4

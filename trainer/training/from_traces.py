@@ -92,6 +92,7 @@ def train_from_traces(
     span directory whose evaluation records (feedback, judges) count besides ``traces``'.
     """
     from agl_bridge.trainer.training.config import GRPOConfig
+    from agl_bridge.trainer.training.distributed import world_and_rank
     from agl_bridge.trainer.training.loop import train_policy
 
     if algorithm not in (*ALGORITHMS, "sft"):
@@ -110,13 +111,23 @@ def train_from_traces(
     elif resume_from_checkpoint and (out / "transitions.parquet").exists():
         transitions = out / "transitions.parquet"  # the data the interrupted run trained on
     else:
+        # under torchrun, rank 0 converts (into output_dir, which every rank must see) while
+        # the others wait for its file
+        world, rank = world_and_rank()
         transitions = out / "transitions.parquet"
-        recipe = load_recipe(rewards) if isinstance(rewards, (str, os.PathLike)) else rewards
-        stats = convert(traces, transitions,
-                        ConvertConfig(algorithm=credit, recipe=recipe, **convert_options),
-                        evaluations_from=evaluations_from)
-        if stats.transitions == 0:
+        if rank == 0:
+            recipe = (load_recipe(rewards) if isinstance(rewards, (str, os.PathLike))
+                      else rewards)
+            stats = convert(traces, transitions,
+                            ConvertConfig(algorithm=credit, recipe=recipe, **convert_options),
+                            evaluations_from=evaluations_from)
+        if world > 1:
+            _barrier()
+        if stats is not None and stats.transitions == 0:
             raise ValueError(f"no transitions from {traces}:\n{stats.summary()}")
+        if not transitions.exists():
+            raise FileNotFoundError(f"{transitions}: rank 0's conversion is not there; under "
+                                    "torchrun on several hosts, output_dir must be shared")
     metrics_path = out / "metrics.jsonl"
     t0 = time.time()
     adapters_root = Path(adapters_dir) if adapters_dir is not None else out / "adapters"
@@ -127,6 +138,8 @@ def train_from_traces(
                           resume_from_checkpoint=resume_from_checkpoint,
                           objective="sft" if algorithm == "sft" else "grpo")
     run = TrainRun(out, transitions, stats, result.adapters, result.steps, metrics_path)
+    if world_and_rank()[1] != 0:
+        return run
     (out / "run.json").write_text(json.dumps({
         "traces": [str(t) for t in traces] if isinstance(traces, list) else str(traces),
         "base_model": str(base_model), "algorithm": algorithm, "policy": policy,
@@ -135,3 +148,9 @@ def train_from_traces(
         "seconds": time.time() - t0,
     }, indent=2, default=str))
     return run
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
