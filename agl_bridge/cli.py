@@ -132,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--retokenize", metavar="TOKENIZER_DIR",
                    help="rebuild ids from captured messages for spans without them (flagged), "
                         "and count disagreements with recorded ids")
+    c.add_argument("--workers", type=int, default=1,
+                   help="processes converting in parallel, each the tasks of its part (by "
+                        "task hash); the output is the one-process run's, part by part")
+    c.add_argument("--part", metavar="I/N",
+                   help="convert only part I of N (0-based; tasks by hash): one machine's "
+                        "share; a directory of the N outputs trains like one file")
     c.add_argument("--max-rows-in-memory", type=int, default=100_000,
                    help="past this many span rows, convert bucket by bucket (flat memory)")
     c.add_argument("--rewards", metavar="RECIPE.toml",

@@ -81,9 +81,25 @@ def convert(args: argparse.Namespace) -> int:
             end = "\n" if done == total else ""
             print(f"\rconverting: bucket {done}/{total}", end=end, file=sys.stderr, flush=True)
 
-    # this process is ours: convert may switch process-wide allocator settings
-    stats = convert(args.spans, args.out, config, max_rows_in_memory=args.max_rows_in_memory,
-                    progress=progress, tune_allocators=True)
+    if args.workers > 1 and args.part:
+        raise SystemExit("agl-bridge convert: --workers and --part are exclusive (a part is "
+                         "one process's share)")
+    if args.workers > 1:
+        from agl_bridge.trainer.conversion.parallel import convert_parallel
+
+        def done(i: int, _stats) -> None:
+            print(f"converting: part {i} of {args.workers} done", file=sys.stderr, flush=True)
+
+        stats = convert_parallel(args.spans, args.out, config, workers=args.workers,
+                                 max_rows_in_memory=args.max_rows_in_memory, on_part=done)
+    else:
+        from agl_bridge.trainer.conversion.partition import parse_part
+
+        part = parse_part(args.part) if args.part else None
+        # this process is ours: convert may switch process-wide allocator settings
+        stats = convert(args.spans, args.out, config,
+                        max_rows_in_memory=args.max_rows_in_memory, progress=progress,
+                        tune_allocators=True, part=part)
     print(stats.summary())
     print(f"wrote {args.out}")
     return 0 if stats.transitions else 1

@@ -32,8 +32,9 @@ from agl_bridge.trainer.conversion.evaluations import (
     scan_files,
     scan_tables,
 )
-from agl_bridge.trainer.conversion.finish import finish_file, finish_table
+from agl_bridge.trainer.conversion.finish import finish_file, finish_table, needs_finish
 from agl_bridge.trainer.conversion.memory import short_lived_arrays
+from agl_bridge.trainer.conversion.partition import Part, check_part, rows_in_part
 from agl_bridge.trainer.conversion.sources import Source, otlp_json_files, read_spans, span_files
 from agl_bridge.trainer.conversion.spill import convert_spilled
 from agl_bridge.trainer.conversion.stages import convert_rows
@@ -85,7 +86,8 @@ def convert(source: Source, out_path: str | os.PathLike[str],
             missing_reward: MissingReward | None = None,
             max_rows_in_memory: int = 100_000, progress: Progress | None = None,
             tune_allocators: bool = False,
-            evaluations_from: Source | None = None) -> ConversionStats:
+            evaluations_from: Source | None = None, part: Part | None = None,
+            finish: bool = True) -> ConversionStats:
     """Spans under ``source`` -> transitions Parquet at ``out_path`` (written atomically).
 
     ``source``: span Parquet (a file, a directory tree of partitions, or a list), or OTLP/JSON
@@ -96,15 +98,25 @@ def convert(source: Source, out_path: str | os.PathLike[str],
     (``memory.short_lived_arrays``; the ``agl-bridge convert`` command does).
     ``evaluations_from``: span files (a directory) whose evaluation records count too, beside
     those in ``source`` (feedback lands anywhere; a loop converts only its new span files).
+    ``part=(i, n)``: convert only the tasks whose hash falls in part i of n (``partition.py``;
+    another process or machine converts each other part; the parts together hold the rows of
+    the whole conversion). Counts that are not per task (files read, evaluation records) are
+    in part 0's statistics only. A part cannot finish the ``batch`` and ``key:`` baselines,
+    which span all parts: ``convert_parallel`` does that after its parts (``finish=False`` is
+    how it asks a part to leave them).
     """
     cfg = _config(config, missing_reward)
     if max_rows_in_memory < 1:
         raise ValueError(f"max_rows_in_memory must be positive, got {max_rows_in_memory}")
+    if part is not None:
+        part = check_part(part)
     extra = span_files(evaluations_from) if evaluations_from is not None else []
     if tune_allocators:
         with short_lived_arrays():
-            return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra)
-    return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra)
+            return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra,
+                            part, finish)
+    return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra, part,
+                    finish)
 
 
 def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
@@ -122,34 +134,50 @@ def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
 
 
 def _convert(source: Source, out_path: Path, cfg: ConvertConfig, max_rows_in_memory: int,
-             progress: Progress | None, extra: list[Path] | None = None) -> ConversionStats:
+             progress: Progress | None, extra: list[Path] | None = None,
+             part: Part | None = None, finish: bool = True) -> ConversionStats:
     otlp = otlp_json_files(source)
     if otlp:
-        return _convert_otlp(source, otlp, out_path, cfg, max_rows_in_memory, progress)
+        return _convert_otlp(source, otlp, out_path, cfg, max_rows_in_memory, progress, part,
+                             finish)
     return _convert_files(span_files(source), f" (under {source})", out_path, cfg,
-                          max_rows_in_memory, progress, extra)
+                          max_rows_in_memory, progress, extra, part, finish)
 
 
 def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
                    max_rows_in_memory: int, progress: Progress | None,
-                   extra: list[Path] | None = None) -> ConversionStats:
+                   extra: list[Path] | None = None, part: Part | None = None,
+                   finish: bool = True) -> ConversionStats:
     seen = {p.resolve() for p in files}
     found = scan_files(files + [p for p in extra or () if p.resolve() not in seen])
     resolved = resolve_files(found, files, weights=cfg.evaluation_weights,
                              labels=cfg.evaluation_labels) if found else None
     stats = _route(files, where, out_path, cfg, max_rows_in_memory, progress,
-                   resolved.rewards if resolved else None)
-    _note(stats, resolved)
-    finish_file(out_path, cfg, stats)
+                   resolved.rewards if resolved else None, part)
+    first = part is None or part[0] == 0
+    if first:
+        _note(stats, resolved)
+    else:  # counted once, by part 0: the files, and what the evaluation records came to
+        stats.files = 0
+        for key in [k for k in stats.notes if k.startswith(reasons.UNREADABLE_FILE_PREFIX)]:
+            del stats.notes[key]
+    if finish:
+        if part is not None and part[1] > 1 and needs_finish(stats):
+            out_path.unlink(missing_ok=True)
+            raise ValueError("the batch and key: baselines compare transitions across all "
+                             "parts; a single part cannot compute them: convert with "
+                             "workers (convert_parallel, agl-bridge convert --workers N)")
+        finish_file(out_path, cfg, stats)
     return stats
 
 
 def _route(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
            max_rows_in_memory: int, progress: Progress | None,
-           evaluations: Mapping[str, list[EvaluationReward]] | None) -> ConversionStats:
+           evaluations: Mapping[str, list[EvaluationReward]] | None,
+           part: Part | None = None) -> ConversionStats:
     columns = columns_to_read(bool(cfg.retokenize), cfg.extra_columns)
     if not cfg.retokenize:
-        plan = stream_plan(files, max_rows_in_memory, columns)
+        plan = stream_plan(files, max_rows_in_memory, columns, part)
         if plan is not None:
             return convert_streaming(plan, out_path, cfg, columns, where, progress, evaluations)
     total_rows = 0
@@ -160,9 +188,12 @@ def _route(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
             pass  # counted when read
     if total_rows > max_rows_in_memory:
         return convert_spilled(files, out_path, columns, total_rows, max_rows_in_memory,
-                               lambda t: _convert_table(t, cfg, where, evaluations), progress)
+                               lambda t: _convert_table(t, cfg, where, evaluations), progress,
+                               part)
     read = ConversionStats()
     spans = read_spans(files, read, columns)
+    if part is not None:
+        spans = rows_in_part(spans, part)
     table, stats = _convert_table(spans, cfg, where, evaluations)
     stats.notes.update(read.notes)
     stats.files = read.files
@@ -173,7 +204,8 @@ def _route(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
 
 
 def _convert_otlp(source: Source, otlp: list[Path], out_path: Path, cfg: ConvertConfig,
-                  max_rows_in_memory: int, progress: Progress | None) -> ConversionStats:
+                  max_rows_in_memory: int, progress: Progress | None,
+                  part: Part | None = None, finish: bool = True) -> ConversionStats:
     """OTLP/JSON files imported to span Parquet in a temporary directory, converted with the
     Parquet among the sources."""
     from agl_bridge.otel.collector_files import import_otlp_json
@@ -187,7 +219,7 @@ def _convert_otlp(source: Source, otlp: list[Path], out_path: Path, cfg: Convert
         summary = import_otlp_json(otlp, writer)
         writer.close()
         stats = _convert_files(span_files([tmp, *parquet]), f" (under {source})", out_path,
-                               cfg, max_rows_in_memory, progress)
-    if summary.lines_bad:
+                               cfg, max_rows_in_memory, progress, None, part, finish)
+    if summary.lines_bad and (part is None or part[0] == 0):
         stats.notes[reasons.OTLP_LINE_BAD] += summary.lines_bad
     return stats

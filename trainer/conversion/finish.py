@@ -25,7 +25,8 @@ from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.rewards.baselines import GROUP, global_advantages
 
 
-def _needed(stats: ConversionStats) -> bool:
+def needs_finish(stats: ConversionStats) -> bool:
+    """Whether some transitions have a baseline over the whole output (batch, key:)."""
     return any(n for b, n in stats.baselines.items() if b not in (GROUP, "none"))
 
 
@@ -46,7 +47,7 @@ def _advantages(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats
 
 
 def finish_table(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats) -> pa.Table:
-    if not _needed(stats) or table.num_rows == 0:
+    if not needs_finish(stats) or table.num_rows == 0:
         return table
     adv = _advantages(table, cfg, stats)
     if adv is None:
@@ -56,7 +57,7 @@ def finish_table(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats) ->
 
 
 def finish_file(path: Path, cfg: ConvertConfig, stats: ConversionStats) -> None:
-    if not _needed(stats):
+    if not needs_finish(stats):
         return
     small = pq.ParquetFile(path).read(  # not read_table: pyarrow.dataset imports pandas
         columns=["group_id", "reward", "episode_id", "advantage"])

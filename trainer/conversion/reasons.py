@@ -36,9 +36,12 @@ def unknown_reward_scope(scope: object) -> str:
     return f"unknown reward scope {scope!r}"
 
 
+UNREADABLE_FILE_PREFIX = "unreadable file skipped: "
+
+
 def unreadable_file(name: str, why: str) -> str:
     """A span file that could not be read at all (truncated, not Parquet): skipped."""
-    return f"unreadable file skipped: {name} ({why})"
+    return f"{UNREADABLE_FILE_PREFIX}{name} ({why})"
 
 
 def retokenize_agreement(part: str, agrees: bool) -> str:

@@ -25,6 +25,7 @@ from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.arrow import arr
 from agl_bridge.trainer.conversion.columns import episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats
+from agl_bridge.trainer.conversion.partition import Part, rows_in_part
 from agl_bridge.trainer.conversion.sources import read_tables, with_columns
 
 Converter = Callable[[pa.Table], tuple[pa.Table, ConversionStats]]
@@ -50,9 +51,11 @@ def episode_tasks(files: Sequence[Path]) -> dict[str, str]:
 
 def convert_spilled(files: Sequence[Path], out_path: Path, columns: Sequence[str],
                     total_rows: int, max_rows_in_memory: int, convert: Converter,
-                    progress: Callable[[int, int], None] | None) -> ConversionStats:
+                    progress: Callable[[int, int], None] | None,
+                    part: Part | None = None) -> ConversionStats:
     """Spill ``files`` to buckets of about ``max_rows_in_memory / 2`` rows, then ``convert``
-    each bucket and append its transitions to ``out_path`` (written atomically)."""
+    each bucket and append its transitions to ``out_path`` (written atomically). ``part``:
+    only the rows of that part's tasks are spilled (``partition.py``)."""
     buckets = max(2, math.ceil(total_rows / max(1, max_rows_in_memory // 2)))
     stats = ConversionStats()
     spill = Path(tempfile.mkdtemp(prefix="agl-bridge-convert-"))
@@ -61,16 +64,18 @@ def convert_spilled(files: Sequence[Path], out_path: Path, columns: Sequence[str
         tasks = episode_tasks(files)
         for table in read_tables(files, stats, columns):
             table = with_columns(table, columns)
+            if part is not None:
+                table = rows_in_part(table, part, tasks)
             keys = arr(episode_keys(table)).to_pylist()
             ids = pa.array([zlib.crc32(tasks.get(k, k).encode()) % buckets for k in keys],
                            pa.int32())
             for b in range(buckets):
-                part = table.filter(pc.equal(ids, b))
-                if part.num_rows:
+                rows = table.filter(pc.equal(ids, b))
+                if rows.num_rows:
                     if b not in writers:
-                        writers[b] = pq.ParquetWriter(spill / f"{b}.parquet", part.schema,
-                                                      **writer_options(part.schema))
-                    writers[b].write_table(part)
+                        writers[b] = pq.ParquetWriter(spill / f"{b}.parquet", rows.schema,
+                                                      **writer_options(rows.schema))
+                    writers[b].write_table(rows)
         for w in writers.values():
             w.close()
         _convert_buckets(spill, sorted(writers), out_path, convert, stats, progress)

@@ -34,6 +34,7 @@ from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.columns import conform, episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.conversion.memory import release_memory
+from agl_bridge.trainer.conversion.partition import Part, key_hashes, unit_parts
 from agl_bridge.trainer.conversion.sources import WrongTypes, check_file, conform_types, why
 from agl_bridge.trainer.conversion.stages import convert_rows
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
@@ -48,10 +49,14 @@ class StreamPlan:
     unit_first: Any  # numpy, per episode: position of the first row of its unit
     batch_rows: int
     batches: int
+    # per episode: in this process's part (parallel conversion; partition.py); None: all
+    keep: Any = None
+    first_part: bool = True  # this process counts what is not per task (files, unknown rows)
 
-    def lookup(self, keys: pa.Array, start: int, end: int) -> tuple[Any, Any, Any]:
+    def lookup(self, keys: pa.Array, start: int, end: int) -> tuple[Any, Any, Any, Any]:
         """For rows at positions [start, end) with these episode keys: (episode known, done
-        at, unit begun before ``start``), hashing only the episodes that can be there."""
+        at, unit begun before ``start``, row in this part), hashing only the episodes that
+        can be there."""
         cand = np.flatnonzero((self.first < end) & (self.done_at >= start))
         idx = pc.index_in(keys, value_set=self.episodes.take(np_array(cand)))
         known = (to_numpy(pc.is_valid(idx)) if idx.null_count
@@ -59,14 +64,18 @@ class StreamPlan:
         ep = cand[to_numpy(pc.fill_null(idx, lit(0, idx.type)))] if len(
             cand) else np.zeros(len(keys), np.int64)
         done = np.where(known, self.done_at[ep] if len(cand) else 0, np.iinfo(np.int64).max)
-        return known, done, known & (self.unit_first[ep] < start if len(cand) else False)
+        if self.keep is None:
+            mine = np.ones(len(keys), bool)
+        else:  # rows of no known episode: the first part's
+            mine = np.where(known, self.keep[ep] if len(cand) else False, self.first_part)
+        return known, done, known & (self.unit_first[ep] < start if len(cand) else False), mine
 
 
 _PLAN_COLUMNS = ["episode_id", "trace_id", "task_id"]
 
 
-def stream_plan(files: list[Path], max_rows_in_memory: int, columns: Sequence[str]
-                ) -> StreamPlan | None:
+def stream_plan(files: list[Path], max_rows_in_memory: int, columns: Sequence[str],
+                part: Part | None = None) -> StreamPlan | None:
     """First pass, over two or three small columns: where each episode's unit (its task: a
     GRPO group spans the episodes of one task; episodes sharing a task are joined; an episode
     without a task is its own unit) has been read whole. None when streaming would hold more
@@ -97,7 +106,8 @@ def stream_plan(files: list[Path], max_rows_in_memory: int, columns: Sequence[st
         pos += n
     if not keys:
         z = np.zeros(0, np.int64)
-        return StreamPlan(plan_files, pa.nulls(0, pa.string()), z, z, z, batch_rows, 0)
+        return StreamPlan(plan_files, pa.nulls(0, pa.string()), z, z, z, batch_rows, 0, None,
+                          part is None or part[0] == 0)
     enc = pc.dictionary_encode(pa.chunked_array(keys).combine_chunks())
     ep_of = to_numpy(enc.indices).astype(np.int64)
     episodes = enc.dictionary
@@ -123,8 +133,18 @@ def stream_plan(files: list[Path], max_rows_in_memory: int, columns: Sequence[st
     np.add.at(held, np.minimum(hi, len(b)), -u_count)
     if len(b) and int(np.cumsum(held)[:-1].max(initial=0)) > max_rows_in_memory:
         return None
+    keep = None
+    if part is not None and part[1] > 1:
+        keys = [str(e) for e in episodes.to_pylist()]  # the task, or the episode itself
+        if pair_eps:
+            where = to_numpy(pc.index_in(pa.chunked_array(pair_eps).combine_chunks(),
+                                         value_set=episodes)).astype(np.int64)
+            for j, task in zip(where.tolist(),
+                               pa.chunked_array(pair_tasks).combine_chunks().to_pylist()):
+                keys[j] = str(task)
+        keep = unit_parts(key_hashes(keys), unit, part[1]) == part[0]
     return StreamPlan(plan_files, episodes, u_last[unit], first, u_first[unit], batch_rows,
-                       len(boundaries))
+                       len(boundaries), keep, part is None or part[0] == 0)
 
 
 def _plan_file(path: Path, columns: Sequence[str]) -> tuple[Any, ...] | str:
@@ -325,14 +345,18 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
                 held_done = np.zeros(0, np.int64)
                 for item in _read_ahead(plan, columns, cfg.extra_columns):
                     if item[0] == "unreadable":
-                        stats.notes[reasons.unreadable_file(item[1].name, item[2])] += 1
+                        if plan.first_part:
+                            stats.notes[reasons.unreadable_file(item[1].name, item[2])] += 1
                         continue
                     if item[0] == "read":
-                        stats.files += 1
+                        stats.files += plan.first_part
                         continue
                     rows, start = item[2], item[3]
                     end = start + rows.num_rows
-                    _, done, begun = plan.lookup(episode_keys(rows), start, end)
+                    _, done, begun, mine = plan.lookup(episode_keys(rows), start, end)
+                    if not mine.all():  # another process converts the other parts' rows
+                        rows = rows.filter(np_array(mine))
+                        done, begun = done[mine], begun[mine]
                     complete = done < end
                     fresh = complete & ~begun  # units wholly in this batch: converted in place
                     if fresh.any():

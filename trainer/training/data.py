@@ -17,7 +17,15 @@ from agl_bridge.schema import REQUIRED_TRANSITION_COLUMNS
 
 
 def read_transitions(path: str | os.PathLike[str]) -> pa.Table:
-    return read_checked(Path(path), REQUIRED_TRANSITION_COLUMNS)
+    """A transitions file, or a directory of them (the parts of a conversion on several
+    machines, ``convert(part=...)``), in name order."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.name.endswith(".parquet"))
+        if not files:
+            raise FileNotFoundError(f"{p}: no transitions files (*.parquet) in it")
+        return pa.concat_tables([read_checked(f, REQUIRED_TRANSITION_COLUMNS) for f in files])
+    return read_checked(p, REQUIRED_TRANSITION_COLUMNS)
 
 
 def batches(indices: list[int], size: int, rng: random.Random, lengths: list[int] | None,

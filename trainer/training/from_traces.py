@@ -37,6 +37,10 @@ class TrainRun:
 
 
 def _is_transitions_file(path: Path) -> bool:
+    """A transitions file, or a directory holding only transitions files (parts)."""
+    if path.is_dir():
+        files = [f for f in path.iterdir() if f.name.endswith(".parquet")]
+        return bool(files) and all(_is_transitions_file(f) for f in files)
     if not path.is_file() or not path.name.endswith(".parquet"):
         return False
     meta = pq.read_schema(path).metadata or {}

@@ -1,0 +1,113 @@
+"""Conversion in parallel: processes (``convert_parallel``, ``--workers``) and machines
+(``part=``, ``--part I/N``) give the rows of the one-process run, row for row."""
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agl_bridge.trainer.conversion import ConvertConfig, convert
+from agl_bridge.trainer.conversion.parallel import convert_parallel
+from agl_bridge.trainer.conversion.partition import parse_part, rows_in_part
+from tests.factories import llm, reward, table
+
+
+@pytest.fixture(scope="module")
+def spans_dir(tmp_path_factory) -> Path:
+    """40 tasks x 3 episodes of 2 agents x 2 turns, plus 10 episodes without a task; episodes
+    interleaved in time and spread over 3 files, so a task's rows are in several files."""
+    rng = random.Random(7)
+    rows = []
+    episodes = [(f"e{t}-{k}", f"task{t}") for t in range(40) for k in range(3)]
+    episodes += [(f"solo{k}", None) for k in range(10)]
+    rng.shuffle(episodes)
+    for n, (ep, task) in enumerate(episodes):
+        t0 = n * 3
+        for turn in range(2):
+            for agent in ("solver", "checker"):
+                rows.append(llm(ep, t0 + rng.randrange(100), task=task, agent=agent, turn=turn,
+                                trace=f"T{ep}", prompt=[257, rng.randrange(40, 200), 258],
+                                completion=[rng.randrange(60, 250), 258]))
+        rows.append(reward(ep, t0 + 150, round(rng.random(), 3), trace=f"T{ep}"))
+    rows.sort(key=lambda r: r["start_time_unix_nano"])
+    out = tmp_path_factory.mktemp("spans")
+    third = len(rows) // 3
+    for i in range(3):
+        pq.write_table(table(rows[i * third:(i + 1) * third if i < 2 else None]),
+                       out / f"part-{i}.parquet")
+    return out
+
+
+def _sorted(t: pa.Table) -> list[dict]:
+    return sorted(t.to_pylist(), key=lambda r: (r["episode_id"], r["agent_name"],
+                                               r["turn_index"], r["span_id"]))
+
+
+@pytest.mark.parametrize("max_rows", [100_000, 40], ids=["streaming", "spilled"])
+@pytest.mark.parametrize("baseline", ["group", "batch"])
+def test_parallel_conversion_equals_one_process_row_for_row(spans_dir, tmp_path, max_rows,
+                                                            baseline):
+    cfg = ConvertConfig(baseline=baseline)
+    one = convert(spans_dir, tmp_path / "one.parquet", cfg, max_rows_in_memory=max_rows)
+    assert one.transitions == 130 * 4 and one.groups > 0
+    seen = []
+    two = convert_parallel(spans_dir, tmp_path / "two.parquet", cfg, workers=2,
+                           max_rows_in_memory=max_rows, on_part=lambda i, s: seen.append(i))
+    assert sorted(seen) == [0, 1]
+    a = pq.read_table(tmp_path / "one.parquet")
+    b = pq.read_table(tmp_path / "two.parquet")
+    assert a.schema.equals(b.schema, check_metadata=True)
+    assert _sorted(a) == _sorted(b)  # every column, advantages included
+    assert (two.transitions, two.spans, two.episodes, two.llm_spans, two.files, two.groups) == (
+        one.transitions, one.spans, one.episodes, one.llm_spans, one.files, one.groups)
+    assert sorted(two.rewards) == sorted(one.rewards)
+    assert not list(tmp_path.glob(".two.parquet.parts-*"))  # the parts are cleaned up
+
+
+def test_parts_on_machines_together_hold_the_whole_and_train_as_a_directory(spans_dir,
+                                                                           tmp_path):
+    one = convert(spans_dir, tmp_path / "one.parquet")
+    parts = tmp_path / "parts"
+    stats = [convert(spans_dir, parts / f"{i}.parquet", part=(i, 3)) for i in range(3)]
+    assert [s.files for s in stats] == [3, 0, 0]  # files counted once, by part 0
+    assert all(s.transitions > 0 for s in stats)
+    assert sum(s.transitions for s in stats) == one.transitions
+    tables = [pq.read_table(parts / f"{i}.parquet") for i in range(3)]
+    tasks = [set(t["task_id"].to_pylist()) - {None} for t in tables]
+    assert not (tasks[0] & tasks[1]) and not (tasks[1] & tasks[2])  # whole tasks per part
+    assert _sorted(pa.concat_tables(tables)) == _sorted(pq.read_table(tmp_path / "one.parquet"))
+
+    from agl_bridge.trainer.training.data import read_transitions
+
+    assert read_transitions(parts).num_rows == one.transitions
+
+    with pytest.raises(ValueError, match="batch and key: baselines"):
+        convert(spans_dir, tmp_path / "p.parquet", ConvertConfig(baseline="batch"),
+                part=(0, 2))
+    assert not (tmp_path / "p.parquet").exists()
+
+
+def test_part_arguments_are_checked():
+    assert parse_part("1/4") == (1, 4)
+    for bad in ("4/4", "-1/2", "1", "a/b", "0/0"):
+        with pytest.raises(ValueError, match="part"):
+            parse_part(bad)
+    t = table([llm("e1", 1, task="x"), llm("e2", 2, task="y")])
+    assert rows_in_part(t, (0, 1)).num_rows == 2
+    assert rows_in_part(t, (0, 2)).num_rows + rows_in_part(t, (1, 2)).num_rows == 2
+
+
+def test_cli_workers(spans_dir, tmp_path):
+    exe = Path(sys.executable).with_name("agl-bridge")
+    out = subprocess.run([str(exe), "convert", str(spans_dir), str(tmp_path / "t.parquet"),
+                          "--workers", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "520 transitions" in out.stdout and "part 1 of 2 done" in out.stderr
+    bad = subprocess.run([str(exe), "convert", str(spans_dir), str(tmp_path / "u.parquet"),
+                          "--workers", "2", "--part", "0/2"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "exclusive" in bad.stderr
