@@ -7,6 +7,14 @@ cheap: one ``os.stat`` per call, and the file is parsed again only when it chang
 modification time or size). ``AGL_BRIDGE_ALIASES`` names the file; unset, nothing is resolved
 and nothing is read.
 
+Agents on several hosts read one table: a path on a filesystem they all mount, or an
+``http(s)://`` URL that the publisher's host serves (``agl-bridge aliases serve``;
+``trainer/serving/alias_server.py``). A URL is polled by a background thread every
+``AGL_BRIDGE_ALIASES_POLL_S`` seconds (default 1) with a conditional GET (ETag), so a call never
+waits on the network; a new table reaches an agent within the poll interval plus the request's
+time. The publisher retires a superseded version only after its drain time (``drain_s``, 5 s),
+which must exceed that: a call that resolved the old version still finds it loaded.
+
 The file is ``{"aliases": {"<alias>": "<served model name>", ...}}``. It is read inside the
 agent's own ``create()`` call, so a file that cannot be used (missing, unreadable, not JSON, not
 that shape, or an alias mapped to anything but a non-empty string) must never fail that call:
@@ -29,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 ALIASES_ENV = "AGL_BRIDGE_ALIASES"
+POLL_ENV = "AGL_BRIDGE_ALIASES_POLL_S"
+DEFAULT_POLL_S = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -138,20 +148,122 @@ class AliasTable:
         os.replace(tmp, self.path)
 
 
-_default: AliasTable | None = None
+class HttpAliasTable:
+    """An alias table served over HTTP, polled in a daemon thread; ``resolve`` reads the last
+    good table and never raises or waits. A poll that fails or returns an unusable table is
+    reported once per kind of failure and changes nothing (the last good table stays)."""
+
+    def __init__(self, url: str, poll_s: float = DEFAULT_POLL_S, timeout_s: float = 5.0
+                 ) -> None:
+        if not poll_s > 0:
+            raise ValueError(f"the poll interval must be positive, got {poll_s}")
+        self.url, self.poll_s, self.timeout_s = url, poll_s, timeout_s
+        self._aliases: dict[str, str] | None = None
+        self._etag: str | None = None
+        self._problem: str | None = None  # the failure reported last (once per kind)
+        self._fetched = threading.Event()  # the first poll is done, good or bad
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agl-bridge-aliases",
+                                        daemon=True)
+        self._thread.start()
+
+    def resolve(self, name: str) -> str | None:
+        if not isinstance(name, str):
+            return None
+        if not self._fetched.is_set():  # the process's first calls: wait for the first poll
+            self._fetched.wait(self.timeout_s)
+        aliases = self._aliases
+        return aliases.get(name) if aliases else None
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._fetched.set()
+            self._stop.wait(self.poll_s)
+
+    def poll(self) -> None:
+        """One conditional GET; the table changes only on a usable 200."""
+        import urllib.error
+        import urllib.request
+
+        headers = {"If-None-Match": self._etag} if self._etag else {}
+        try:
+            req = urllib.request.Request(self.url, headers=headers)
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                raw, etag = r.read(), r.headers.get("ETag")
+            aliases = parse_aliases(json.loads(raw))
+        except urllib.error.HTTPError as exc:
+            if exc.code != 304:  # 304: not modified
+                self._report(f"it answered HTTP {exc.code}")
+            return
+        except AliasFileError as exc:
+            self._report(str(exc))
+            return
+        except (ValueError, RecursionError) as exc:
+            self._report(f"it is not valid JSON ({type(exc).__name__})")
+            return
+        except OSError as exc:  # refused, unreachable, timed out
+            self._report(f"it cannot be reached ({type(exc).__name__})")
+            return
+        if self._problem is not None:
+            logger.info("agl_bridge: alias table %s is usable again", self.url)
+        self._aliases, self._etag, self._problem = aliases, etag, None
+
+    def _report(self, what: str) -> None:
+        if what == self._problem:
+            return
+        self._problem = what
+        kept = (f"keeping the table read before ({len(self._aliases)} aliases)"
+                if self._aliases is not None else
+                "no alias is routed until it is fixed (model names are sent as they are)")
+        logger.warning("agl_bridge: alias table %s (%s) is not usable: %s; %s",
+                       self.url, ALIASES_ENV, what, kept)
+
+
+_default: AliasTable | HttpAliasTable | None = None
 _default_path: str | None = None
+_default_lock = threading.Lock()  # one poller per process, however many threads ask first
 
 
-def default_table() -> AliasTable | None:
-    """The table named by ``AGL_BRIDGE_ALIASES``, or None (then agents' model names are used
-    as they are)."""
-    global _default, _default_path
+def _poll_s() -> float:
+    raw = os.environ.get(POLL_ENV)
+    try:
+        value = float(raw) if raw else DEFAULT_POLL_S
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        logger.warning("agl_bridge: %s=%r is not a positive number of seconds; using %s",
+                       POLL_ENV, raw, DEFAULT_POLL_S)
+        return DEFAULT_POLL_S
+    return value
+
+
+def default_table() -> AliasTable | HttpAliasTable | None:
+    """The table named by ``AGL_BRIDGE_ALIASES`` (a path, or an ``http(s)://`` URL), or None
+    (then agents' model names are used as they are)."""
     path = os.environ.get(ALIASES_ENV)
     if not path:
         return None
     if path != _default_path:
-        _default, _default_path = AliasTable(path), path
+        with _default_lock:
+            if path != _default_path:
+                _switch_default(path)
     return _default
+
+
+def _switch_default(path: str) -> None:
+    global _default, _default_path
+    old = _default
+    if path.startswith(("http://", "https://")):
+        _default = HttpAliasTable(path, _poll_s())
+    else:
+        _default = AliasTable(path)
+    _default_path = path
+    if isinstance(old, HttpAliasTable):
+        old.close()
 
 
 def enable_routing() -> None:

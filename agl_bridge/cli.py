@@ -225,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--registry", default="agl_bridge_registry")
     v.set_defaults(func=commands.serve)
 
+    s = sub.add_parser("aliases-serve", help="serve the registry's alias table over HTTP, for "
+                                             "agents on hosts that do not share its filesystem")
+    s.add_argument("--registry", default="agl_bridge_registry")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0: every interface; read-only)")
+    s.add_argument("--port", type=int, default=8765)
+    s.set_defaults(func=commands.aliases_serve)
+
     r = sub.add_parser("collect", help="an OTLP receiver (HTTP and gRPC) writing span Parquet",
                        description="Receive OTLP traces over HTTP (protobuf or JSON, POST "
                                    "/v1/traces) and gRPC, write them as span Parquet; OTLP logs "

@@ -214,6 +214,22 @@ def rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def aliases_serve(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.serving.alias_server import AliasServer
+
+    server = AliasServer(args.registry, args.host, args.port)
+    print(f"alias table {Path(args.registry).resolve() / 'aliases.json'} at {server.url}: "
+          f"agents set AGL_BRIDGE_ALIASES={server.url}; Ctrl-C stops", flush=True)
+    signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+    return 0
+
+
 def serve(args: argparse.Namespace) -> int:
     import json
     import signal
