@@ -133,11 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rebuild ids from captured messages for spans without them (flagged), "
                         "and count disagreements with recorded ids")
     c.add_argument("--workers", type=int, default=1,
-                   help="processes converting in parallel, each the tasks of its part (by "
-                        "task hash); the output is the one-process run's, part by part")
+                   help="processes converting in parallel, each its part of the tasks; OUT "
+                        "is then a directory of their parts (trains like one file)")
     c.add_argument("--part", metavar="I/N",
-                   help="convert only part I of N (0-based; tasks by hash): one machine's "
-                        "share; a directory of the N outputs trains like one file")
+                   help="convert only part I of N (0-based): one machine's share of the "
+                        "tasks; a directory of the N outputs trains like one file")
     c.add_argument("--max-rows-in-memory", type=int, default=100_000,
                    help="past this many span rows, convert bucket by bucket (flat memory)")
     c.add_argument("--rewards", metavar="RECIPE.toml",

@@ -101,7 +101,8 @@ def convert(args: argparse.Namespace) -> int:
                         max_rows_in_memory=args.max_rows_in_memory, progress=progress,
                         tune_allocators=True, part=part)
     print(stats.summary())
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}" + (f" ({args.workers} parts: a transitions directory)"
+                                 if args.workers > 1 else ""))
     return 0 if stats.transitions else 1
 
 

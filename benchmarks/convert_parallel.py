@@ -69,9 +69,9 @@ def run(args: list[str]) -> dict[str, Any]:
 
 
 def same_rows(a: Path, b: Path) -> bool:
-    import pyarrow.parquet as pq
+    from agl_bridge.trainer.training.data import read_transitions
 
-    x, y = pq.read_table(a), pq.read_table(b)
+    x, y = read_transitions(a), read_transitions(b)
     if x.num_rows != y.num_rows or not x.schema.equals(y.schema):
         return False
     return x.sort_by("span_id").equals(y.sort_by("span_id"))
@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "%Y-%m-%d %H:%M UTC"),
                             "runs": {name: [] for name in names}}
     with tempfile.TemporaryDirectory(prefix="parallel-bench-") as tmp:
-        outs = {name: Path(tmp) / f"{CONFIGS[name]}.parquet" for name in names}
+        outs = {name: Path(tmp) / (f"{CONFIGS[name]}.parquet" if CONFIGS[name] == 1
+                                   else f"{CONFIGS[name]}-parts") for name in names}
         for r in range(a.repeats):
             for k in range(len(names)):
                 name = names[(r + k) % len(names)]

@@ -13,18 +13,23 @@ import pytest
 from agl_bridge.trainer.conversion import ConvertConfig, convert
 from agl_bridge.trainer.conversion.parallel import convert_parallel
 from agl_bridge.trainer.conversion.partition import parse_part, rows_in_part
+from agl_bridge.trainer.training.data import read_transitions
 from tests.factories import llm, reward, table
 
 
 @pytest.fixture(scope="module")
 def spans_dir(tmp_path_factory) -> Path:
     """40 tasks x 3 episodes of 2 agents x 2 turns, plus 10 episodes without a task; episodes
-    interleaved in time and spread over 3 files, so a task's rows are in several files."""
+    of neighbouring tasks interleaved in time, spread over 3 files of 64-row groups, so a
+    task's rows are in several row groups, some in two files (a streaming part is a range of
+    row groups owning the tasks that begin in it)."""
     rng = random.Random(7)
     rows = []
     episodes = [(f"e{t}-{k}", f"task{t}") for t in range(40) for k in range(3)]
     episodes += [(f"solo{k}", None) for k in range(10)]
-    rng.shuffle(episodes)
+    # a task's rollouts run about together, as GRPO rollouts do: order by task, +-3 tasks
+    episodes.sort(key=lambda e: (int(e[1][4:]) if e[1] else rng.randrange(40))
+                  + rng.uniform(-3, 3))
     for n, (ep, task) in enumerate(episodes):
         t0 = n * 3
         for turn in range(2):
@@ -38,7 +43,7 @@ def spans_dir(tmp_path_factory) -> Path:
     third = len(rows) // 3
     for i in range(3):
         pq.write_table(table(rows[i * third:(i + 1) * third if i < 2 else None]),
-                       out / f"part-{i}.parquet")
+                       out / f"part-{i}.parquet", row_group_size=64)
     return out
 
 
@@ -55,17 +60,21 @@ def test_parallel_conversion_equals_one_process_row_for_row(spans_dir, tmp_path,
     one = convert(spans_dir, tmp_path / "one.parquet", cfg, max_rows_in_memory=max_rows)
     assert one.transitions == 130 * 4 and one.groups > 0
     seen = []
-    two = convert_parallel(spans_dir, tmp_path / "two.parquet", cfg, workers=2,
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "stale.parquet").write_text("an earlier run's")  # replaced whole
+    two = convert_parallel(spans_dir, tmp_path / "two", cfg, workers=2,
                            max_rows_in_memory=max_rows, on_part=lambda i, s: seen.append(i))
     assert sorted(seen) == [0, 1]
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == [
+        "part-00000-of-00002.parquet", "part-00001-of-00002.parquet"]
     a = pq.read_table(tmp_path / "one.parquet")
-    b = pq.read_table(tmp_path / "two.parquet")
+    b = read_transitions(tmp_path / "two")
     assert a.schema.equals(b.schema, check_metadata=True)
     assert _sorted(a) == _sorted(b)  # every column, advantages included
     assert (two.transitions, two.spans, two.episodes, two.llm_spans, two.files, two.groups) == (
         one.transitions, one.spans, one.episodes, one.llm_spans, one.files, one.groups)
     assert sorted(two.rewards) == sorted(one.rewards)
-    assert not list(tmp_path.glob(".two.parquet.parts-*"))  # the parts are cleaned up
+    assert not list(tmp_path.glob(".two*"))  # nothing left beside it
 
 
 def test_parts_on_machines_together_hold_the_whole_and_train_as_a_directory(spans_dir,
@@ -80,8 +89,6 @@ def test_parts_on_machines_together_hold_the_whole_and_train_as_a_directory(span
     tasks = [set(t["task_id"].to_pylist()) - {None} for t in tables]
     assert not (tasks[0] & tasks[1]) and not (tasks[1] & tasks[2])  # whole tasks per part
     assert _sorted(pa.concat_tables(tables)) == _sorted(pq.read_table(tmp_path / "one.parquet"))
-
-    from agl_bridge.trainer.training.data import read_transitions
 
     assert read_transitions(parts).num_rows == one.transitions
 
@@ -103,10 +110,11 @@ def test_part_arguments_are_checked():
 
 def test_cli_workers(spans_dir, tmp_path):
     exe = Path(sys.executable).with_name("agl-bridge")
-    out = subprocess.run([str(exe), "convert", str(spans_dir), str(tmp_path / "t.parquet"),
+    out = subprocess.run([str(exe), "convert", str(spans_dir), str(tmp_path / "t"),
                           "--workers", "2"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "520 transitions" in out.stdout and "part 1 of 2 done" in out.stderr
+    assert "2 parts" in out.stdout and read_transitions(tmp_path / "t").num_rows == 520
     bad = subprocess.run([str(exe), "convert", str(spans_dir), str(tmp_path / "u.parquet"),
                           "--workers", "2", "--part", "0/2"], capture_output=True, text=True,
                          timeout=120)

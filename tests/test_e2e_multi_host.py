@@ -76,7 +76,7 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
 
         # a replica down: the switch is refused, naming it; the live version stays
         dead = "http://127.0.0.1:9/v1"
-        with pytest.raises(PublishError, match="127.0.0.1:9"):
+        with pytest.raises(PublishError, match=r"127\.0\.0\.1:9"):
             Publisher([r0.base_url, dead], registry, base_model=model, max_lora_rank=16,
                       drain_s=2.0, timeout_s=10.0).publish(dirs[3], alias="team")
         assert publisher.live("team") == "team@v3"

@@ -98,12 +98,13 @@ def convert(source: Source, out_path: str | os.PathLike[str],
     (``memory.short_lived_arrays``; the ``agl-bridge convert`` command does).
     ``evaluations_from``: span files (a directory) whose evaluation records count too, beside
     those in ``source`` (feedback lands anywhere; a loop converts only its new span files).
-    ``part=(i, n)``: convert only the tasks whose hash falls in part i of n (``partition.py``;
-    another process or machine converts each other part; the parts together hold the rows of
-    the whole conversion). Counts that are not per task (files read, evaluation records) are
-    in part 0's statistics only. A part cannot finish the ``batch`` and ``key:`` baselines,
-    which span all parts: ``convert_parallel`` does that after its parts (``finish=False`` is
-    how it asks a part to leave them).
+    ``part=(i, n)``: convert only part i of n of the tasks (``partition.py``: a range of the
+    input's row groups when it streams, else a task hash); another process or machine converts
+    each other part, and the parts together hold the rows of the whole conversion. Counts that
+    are not per task (files read, evaluation records) are in part 0's statistics only. A part
+    cannot finish the ``batch`` and ``key:`` baselines, which span all parts:
+    ``convert_parallel`` does that after its parts (``finish=False`` is how it asks a part to
+    leave them).
     """
     cfg = _config(config, missing_reward)
     if max_rows_in_memory < 1:

@@ -57,13 +57,26 @@ def finish_table(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats) ->
 
 
 def finish_file(path: Path, cfg: ConvertConfig, stats: ConversionStats) -> None:
+    finish_files([path], cfg, stats)
+
+
+def finish_files(paths: list[Path], cfg: ConvertConfig, stats: ConversionStats) -> None:
+    """The global baselines over the rows of all ``paths`` together (the parts of one
+    conversion), each file rewritten with its own slice of the advantages."""
     if not needs_finish(stats):
         return
-    small = pq.ParquetFile(path).read(  # not read_table: pyarrow.dataset imports pandas
-        columns=["group_id", "reward", "episode_id", "advantage"])
-    adv = _advantages(small, cfg, stats)
+    smalls = [pq.ParquetFile(p).read(  # not read_table: pyarrow.dataset imports pandas
+        columns=["group_id", "reward", "episode_id", "advantage"]) for p in paths]
+    adv = _advantages(pa.concat_tables(smalls), cfg, stats)
     if adv is None:
         return
+    start = 0
+    for path, small in zip(paths, smalls):
+        _rewrite(path, adv[start:start + small.num_rows])
+        start += small.num_rows
+
+
+def _rewrite(path: Path, adv: np.ndarray) -> None:
     tmp = temp_path(path)  # never matches *.parquet: readers skip it
     i = TRANSITION_SCHEMA.get_field_index("advantage")
     try:

@@ -1,9 +1,18 @@
-"""Which part of a parallel conversion a span belongs to: by the hash of its episode's task.
+"""Which part of a parallel conversion a span belongs to.
 
-A GRPO group spans the episodes of one task, so a part must hold whole tasks; an episode
-without a task is its own unit. The hash is CRC-32 of the task id (or the episode key), the
-same the spill buckets use: stable across processes, machines and Python versions (Python's
-``hash`` of a string is salted per process). Pure functions of the keys.
+A GRPO group spans the episodes of one task, so a part must hold whole tasks (whole units:
+episodes joined by their tasks; an episode without a task is its own unit).
+
+* Streaming input (the usual: a task's rollouts are written about together): a part is a
+  range of whole row groups and owns the units that begin in it (``streaming._assign_part``);
+  a process reads from its range's start until its last unit's last row, so N processes
+  decode about 1/N of the input each. A split by task hash would make every process decode
+  all of it: measured at 0.5x one process with 2 workers (``benchmarks/README_convert.md``).
+* Input that does not stream (spilled, or converted in memory) is read whole anyway: a part is
+  the tasks whose CRC-32 hash (of the task id, or the episode key) falls in it, as the spill
+  buckets are chosen; stable across processes, machines and Python versions.
+
+Every process of one conversion takes the same route (it is decided from the input alone).
 """
 
 from __future__ import annotations
@@ -41,15 +50,6 @@ def check_part(part: Part) -> Part:
 def key_hashes(keys: Sequence[str]) -> Any:
     """CRC-32 per key (numpy uint32)."""
     return np.fromiter((zlib.crc32(k.encode()) for k in keys), np.uint32, len(keys))
-
-
-def unit_parts(hashes: Any, unit: Any, count: int) -> Any:
-    """Part per episode (numpy) when episodes are joined into units (episodes sharing a
-    task): the smallest hash among a unit's members decides, so a unit never splits."""
-    n_units = int(unit.max()) + 1 if len(unit) else 0
-    low = np.full(n_units, np.iinfo(np.uint32).max, np.uint32)
-    np.minimum.at(low, unit, hashes)
-    return (low[unit] % count).astype(np.int64)
 
 
 def rows_in_part(spans: pa.Table, part: Part, tasks: dict[str, str] | None = None) -> pa.Table:

@@ -34,7 +34,7 @@ from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.columns import conform, episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.conversion.memory import release_memory
-from agl_bridge.trainer.conversion.partition import Part, key_hashes, unit_parts
+from agl_bridge.trainer.conversion.partition import Part
 from agl_bridge.trainer.conversion.sources import WrongTypes, check_file, conform_types, why
 from agl_bridge.trainer.conversion.stages import convert_rows
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
@@ -49,9 +49,15 @@ class StreamPlan:
     unit_first: Any  # numpy, per episode: position of the first row of its unit
     batch_rows: int
     batches: int
-    # per episode: in this process's part (parallel conversion; partition.py); None: all
-    keep: Any = None
-    first_part: bool = True  # this process counts what is not per task (files, unknown rows)
+    # Parallel conversion (``part``): this process converts the units that begin in rows
+    # [lo, hi), a range of whole row groups, and reads from lo until ``stop`` (the last of
+    # those units' rows), never the rest: N processes decode about 1/N of the input each.
+    keep: Any = None  # per episode: its unit is this part's; None: not partitioned
+    first_part: bool = True  # this process counts what is not per unit (files)
+    lo: int = 0
+    hi: int = 0
+    stop: int = 0
+    row_groups: list[list[int]] | None = None  # per file: rows of each row group
 
     def lookup(self, keys: pa.Array, start: int, end: int) -> tuple[Any, Any, Any, Any]:
         """For rows at positions [start, end) with these episode keys: (episode known, done
@@ -66,8 +72,10 @@ class StreamPlan:
         done = np.where(known, self.done_at[ep] if len(cand) else 0, np.iinfo(np.int64).max)
         if self.keep is None:
             mine = np.ones(len(keys), bool)
-        else:  # rows of no known episode: the first part's
-            mine = np.where(known, self.keep[ep] if len(cand) else False, self.first_part)
+        else:  # a row of no known episode: the part whose range holds it
+            at = np.arange(start, end)
+            mine = np.where(known, self.keep[ep] if len(cand) else False,
+                            (at >= self.lo) & (at < self.hi))
         return known, done, known & (self.unit_first[ep] < start if len(cand) else False), mine
 
 
@@ -85,14 +93,17 @@ def stream_plan(files: list[Path], max_rows_in_memory: int, columns: Sequence[st
     batch_rows = max(1, min(16_384, max_rows_in_memory // 2))
     keys, firsts, lasts, counts, pair_eps, pair_tasks = [], [], [], [], [], []
     plan_files: list[tuple[Path, int, str | None]] = []
+    row_groups: list[list[int]] = []
     boundaries: list[int] = []
     pos = 0
     for path, summary in _map_files(lambda p: _plan_file(p, columns), files):
         if isinstance(summary, str):  # unreadable: counted (and named) in the second pass
             plan_files.append((path, pos, summary))
+            row_groups.append([])
             continue
         plan_files.append((path, pos, None))
-        n, dictionary, first, last, count, pairs = summary
+        n, dictionary, first, last, count, pairs, groups = summary
+        row_groups.append(groups)
         if n == 0:
             continue
         boundaries += list(range(pos + batch_rows, pos + n, batch_rows)) + [pos + n]
@@ -106,8 +117,9 @@ def stream_plan(files: list[Path], max_rows_in_memory: int, columns: Sequence[st
         pos += n
     if not keys:
         z = np.zeros(0, np.int64)
-        return StreamPlan(plan_files, pa.nulls(0, pa.string()), z, z, z, batch_rows, 0, None,
-                          part is None or part[0] == 0)
+        return StreamPlan(plan_files, pa.nulls(0, pa.string()), z, z, z, batch_rows, 0,
+                          None if part is None or part[1] == 1 else z.astype(bool),
+                          part is None or part[0] == 0, row_groups=row_groups)
     enc = pc.dictionary_encode(pa.chunked_array(keys).combine_chunks())
     ep_of = to_numpy(enc.indices).astype(np.int64)
     episodes = enc.dictionary
@@ -133,18 +145,29 @@ def stream_plan(files: list[Path], max_rows_in_memory: int, columns: Sequence[st
     np.add.at(held, np.minimum(hi, len(b)), -u_count)
     if len(b) and int(np.cumsum(held)[:-1].max(initial=0)) > max_rows_in_memory:
         return None
-    keep = None
+    plan = StreamPlan(plan_files, episodes, u_last[unit], first, u_first[unit], batch_rows,
+                      len(boundaries), row_groups=row_groups)
     if part is not None and part[1] > 1:
-        keys = [str(e) for e in episodes.to_pylist()]  # the task, or the episode itself
-        if pair_eps:
-            where = to_numpy(pc.index_in(pa.chunked_array(pair_eps).combine_chunks(),
-                                         value_set=episodes)).astype(np.int64)
-            for j, task in zip(where.tolist(),
-                               pa.chunked_array(pair_tasks).combine_chunks().to_pylist()):
-                keys[j] = str(task)
-        keep = unit_parts(key_hashes(keys), unit, part[1]) == part[0]
-    return StreamPlan(plan_files, episodes, u_last[unit], first, u_first[unit], batch_rows,
-                       len(boundaries), keep, part is None or part[0] == 0)
+        _assign_part(plan, part, pos)
+    return plan
+
+
+def _assign_part(plan: StreamPlan, part: Part, total: int) -> None:
+    """Part i of n: the row groups from the first starting at or after i/n of the rows, to
+    the first starting at or after (i+1)/n; its units: those beginning there."""
+    i, n = part
+    starts = [start + sum(groups[:g]) for (_, start, _), groups in
+              zip(plan.files, plan.row_groups or []) for g in range(len(groups))]
+    starts = sorted(set(starts)) + [total]
+
+    def bound(k: int) -> int:
+        target = -(-k * total // n)  # ceil
+        return next(x for x in starts if x >= target)
+
+    plan.lo, plan.hi = bound(i), bound(i + 1)
+    plan.keep = (plan.unit_first >= plan.lo) & (plan.unit_first < plan.hi)
+    plan.stop = int(plan.done_at[plan.keep].max()) + 1 if plan.keep.any() else plan.lo
+    plan.first_part = i == 0
 
 
 def _plan_file(path: Path, columns: Sequence[str]) -> tuple[Any, ...] | str:
@@ -162,8 +185,9 @@ def _plan_file(path: Path, columns: Sequence[str]) -> tuple[Any, ...] | str:
     except (pa.ArrowInvalid, OSError, WrongTypes) as exc:
         return why(exc)
     n = t.num_rows
+    groups = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
     if n == 0:
-        return 0, None, None, None, None, None
+        return 0, None, None, None, None, None, groups
     enc = pc.dictionary_encode(episode_keys(t))
     ep_codes = to_numpy(enc.indices).astype(np.int64)
     k = len(enc.dictionary)
@@ -179,7 +203,8 @@ def _plan_file(path: Path, columns: Sequence[str]) -> tuple[Any, ...] | str:
         tdict = pc.dictionary_encode(task.take(np_array(with_task))).dictionary
         pairs = (enc.dictionary.take(np_array(pair // width)),
                  tdict.take(np_array(pair % width)))
-    return n, enc.dictionary, first, n - 1 - last, np.bincount(ep_codes, minlength=k), pairs
+    return (n, enc.dictionary, first, n - 1 - last, np.bincount(ep_codes, minlength=k), pairs,
+            groups)
 
 
 def _map_files(fn: Callable[[Path], Any], files: list[Path]) -> Iterator[tuple[Path, Any]]:
@@ -257,20 +282,35 @@ def _read_ahead(plan: StreamPlan, columns: list[str], extra: Sequence[str] = ()
             except queue.Full:
                 continue
 
+    partitioned = plan.keep is not None
+
     def work() -> None:
         try:
-            for path, start, unreadable in plan.files:
+            for k, (path, start, unreadable) in enumerate(plan.files):
                 if unreadable:
-                    put(("unreadable", path, unreadable))
+                    if not partitioned:  # partitioned: part 0 notes them up front
+                        put(("unreadable", path, unreadable))
                     continue
+                first_group = 0
+                if partitioned:  # only the row groups from lo, until stop
+                    groups = (plan.row_groups or [])[k]
+                    if start + sum(groups) <= plan.lo or start >= plan.stop:
+                        continue
+                    while start + groups[first_group] <= plan.lo:
+                        start += groups[first_group]
+                        first_group += 1
                 try:
                     pf = check_file(path, columns)
                     names = set(pf.schema_arrow.names)
                     # decoded in this thread alone: Arrow's pool would add two more
                     # threads on cores the converter and the writer already keep busy
                     # (benchmarks/README_convert.md)
-                    for batch in pf.iter_batches(batch_size=plan.batch_rows, use_threads=False,
-                                                 columns=[c for c in columns if c in names]):
+                    for batch in pf.iter_batches(
+                            batch_size=plan.batch_rows, use_threads=False,
+                            row_groups=range(first_group, pf.metadata.num_row_groups),
+                            columns=[c for c in columns if c in names]):
+                        if partitioned and start >= plan.stop:
+                            break
                         put(("batch", path, conform(pa.Table.from_batches([batch]), extra),
                              start))
                         start += batch.num_rows
@@ -279,7 +319,8 @@ def _read_ahead(plan: StreamPlan, columns: list[str], extra: Sequence[str] = ()
                 except (pa.ArrowInvalid, OSError, WrongTypes) as exc:
                     put(("unreadable", path, why(exc)))
                     continue
-                put(("read", path))
+                if not partitioned:
+                    put(("read", path))
         except BaseException as exc:
             put(("error", exc))
         put(("end",))
@@ -336,6 +377,11 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
             if pending_rows >= 8_192:
                 flush(pool, writer)
 
+    if plan.keep is not None and plan.first_part:  # the files, counted once for all parts
+        stats.files = sum(u is None for _, _, u in plan.files)
+        for path, _, unreadable in plan.files:
+            if unreadable:
+                stats.notes[reasons.unreadable_file(path.name, unreadable)] += 1
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f, ThreadPoolExecutor(1, "agl-bridge-convert-write") as pool:
@@ -345,11 +391,10 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
                 held_done = np.zeros(0, np.int64)
                 for item in _read_ahead(plan, columns, cfg.extra_columns):
                     if item[0] == "unreadable":
-                        if plan.first_part:
-                            stats.notes[reasons.unreadable_file(item[1].name, item[2])] += 1
+                        stats.notes[reasons.unreadable_file(item[1].name, item[2])] += 1
                         continue
                     if item[0] == "read":
-                        stats.files += plan.first_part
+                        stats.files += 1
                         continue
                     rows, start = item[2], item[3]
                     end = start + rows.num_rows
