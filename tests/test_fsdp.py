@@ -24,7 +24,9 @@ def _run(tiny, out: Path, mode: str, procs: int, accumulation: int) -> list[dict
     if procs > 1:
         cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    first = done.stderr.find("Traceback")  # a rank's own error, before torchrun's summary
+    assert done.returncode == 0, (done.stdout[-2000:] + done.stderr[first:first + 4000]
+                                  + done.stderr[-1500:])
     return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(procs)]
 
 

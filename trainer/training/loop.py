@@ -58,7 +58,12 @@ from agl_bridge.trainer.training.model import (
     trainable,
 )
 from agl_bridge.trainer.training.sft import select_for_sft, sft_loss
-from agl_bridge.trainer.training.sharding import PolicyForward, full_lora_state, local_value, shard
+from agl_bridge.trainer.training.sharding import (
+    PolicyForward,
+    full_lora_state,
+    load_sharded,
+    local_value,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -173,11 +178,14 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     if cfg.parallelism not in PARALLELISMS:
         raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {cfg.parallelism!r}")
     world, rank = world_and_rank()  # the process group first: FSDP shards over it
-    model, device = load_policy(base_model, cfg, names, init_adapters)
-    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     sharded = cfg.parallelism == "fsdp" and world > 1
-    mixed = sharded and device.type == "cuda" and cfg.bf16 in (None, True)
-    forward = shard(model, device, mixed) if sharded else PolicyForward(model)
+    mixed = sharded and torch.cuda.is_available() and cfg.bf16 in (None, True)
+    if sharded:
+        model, forward, device = load_sharded(base_model, cfg, names, init_adapters, mixed)
+    else:
+        model, device = load_policy(base_model, cfg, names, init_adapters)
+        forward = PolicyForward(model)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     mask_dtype = torch.bfloat16 if mixed else model.dtype
     params = trainable(model)  # under FSDP: the ranks' shards (DTensors)
     # no weight decay (the HF and TRL default): an adapter without data must not move

@@ -47,23 +47,34 @@ def packing_support(model) -> tuple[bool, int, int | None]:
 
 def device_and_dtype(cfg: GRPOConfig) -> tuple[torch.device, torch.dtype]:
     """The device (under torchrun, each process its own GPU: ``LOCAL_RANK``) and the dtype the
-    weights load in. FSDP keeps float32 weights and computes in bfloat16 (its mixed precision)."""
+    base weights load in (peft keeps LoRA weights in float32 beside a bfloat16 base)."""
     if torch.cuda.is_available():
         index = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(index)
-        wanted = cfg.bf16 in (None, True) and cfg.parallelism != "fsdp"
+        wanted = cfg.bf16 in (None, True)
         return torch.device("cuda", index), torch.bfloat16 if wanted else torch.float32
     return torch.device("cpu"), torch.bfloat16 if cfg.bf16 else torch.float32
 
 
 def load_policy(base_model, cfg: GRPOConfig, adapter_names: list[str],
-          init_adapters: dict[str, str | os.PathLike[str]]):
+          init_adapters: dict[str, str | os.PathLike[str]], *, placement: str = "device"):
+    """The base model with one LoRA adapter per name (from ``init_adapters`` or new).
+    ``placement``: ``device`` (the training device), ``cpu`` (weights read, left on the CPU:
+    FSDP's rank 0, which shards and broadcasts them), or ``meta`` (the structure only, no
+    weights read: FSDP's other ranks, filled from rank 0)."""
     from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     device, dtype = device_and_dtype(cfg)
-    model: Any = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
-    model = model.to(device)
+    model: Any
+    if placement == "meta":
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_model),
+                                                     dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
+        if placement == "device":
+            model = model.to(device)
     if cfg.gradient_checkpointing:
         # non-reentrant (the default of transformers 5, not of 4.x): it needs no inputs that
         # require grad, and recomputes only what backward asks for
@@ -72,6 +83,16 @@ def load_policy(base_model, cfg: GRPOConfig, adapter_names: list[str],
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
     first, *rest = adapter_names
+    if placement == "meta":  # the adapters' shapes only (their configs); rank 0 has values
+        def config(name: str) -> Any:
+            return (LoraConfig.from_pretrained(str(init_adapters[name]))
+                    if name in init_adapters else lora)
+
+        model = get_peft_model(model, config(first), adapter_name=peft_name(first))
+        for name in rest:
+            model.add_adapter(peft_name(name), config(name))
+        model.train()
+        return model, device
     if first in init_adapters:
         model = PeftModel.from_pretrained(model, str(init_adapters[first]),
                                           adapter_name=peft_name(first), is_trainable=True)

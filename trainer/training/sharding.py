@@ -71,6 +71,38 @@ def shard(model: Any, device: torch.device, mixed_precision: bool) -> PolicyForw
     return forward
 
 
+def load_sharded(base_model: Any, cfg: Any, names: list[str], init_adapters: dict[str, Any],
+                 mixed_precision: bool) -> tuple[Any, PolicyForward, torch.device]:
+    """The policy, sharded, with the base read once per job: rank 0 reads the weights into
+    CPU memory; the other ranks build the structure on the meta device (no memory); all
+    shard it, and rank 0's weights (base, adapters, buffers) are broadcast, each rank keeping
+    its shard. Host memory: one copy of the model on rank 0's host, not one per rank."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from agl_bridge.trainer.training.model import load_policy
+
+    rank = dist.get_rank()
+    model, device = load_policy(base_model, cfg, names, init_adapters,
+                                placement="cpu" if rank == 0 else "meta")
+    # rank 0's whole weights, held until broadcast (the sharded module's keys: "model." ...)
+    full = PolicyForward(model).state_dict() if rank == 0 else {}
+    buffers = ({n: b.detach().clone() for n, b in model.named_buffers()} if rank == 0
+               else None)
+    forward = shard(model, device, mixed_precision)
+    if rank != 0:
+        forward.to_empty(device=device)
+    set_model_state_dict(forward, full, options=StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True))
+    del full
+    # buffers outside the state dict (e.g. rotary frequencies) are garbage after to_empty
+    for name, buf in model.named_buffers():
+        if rank == 0 and buffers is not None:
+            buf.copy_(buffers[name].to(buf.device))
+        dist.broadcast(buf, src=0)
+    return model, forward, device
+
+
 def local_value(x: torch.Tensor) -> torch.Tensor:
     """A DTensor's whole value (a collective), a plain tensor as it is."""
     from torch.distributed.tensor import DTensor
