@@ -1,7 +1,7 @@
 """Run under torchrun (or as one plain process): per-agent LoRA training with
 ``parallelism="fsdp"``. Writes each rank's per-micro-batch losses and, from rank 0, the
 adapters; ``stop`` checkpoints every step and stops after 2, ``resume`` continues the latest
-checkpoint. Usage: distributed_fsdp.py MODEL OUT {run,stop,resume} ACCUMULATION"""
+checkpoint. Usage: distributed_fsdp.py MODEL OUT {run,stop,resume} ACCUMULATION [POLICY]"""
 
 import json
 import os
@@ -14,6 +14,7 @@ from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.training import GRPOConfig, train_policy
 
 model_dir, out, mode, accumulation = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+policy = sys.argv[5] if len(sys.argv) > 5 else "per_agent_lora"
 rows = []
 for i in range(16):  # two agents, two groups each, completions of different lengths
     agent = "ab"[i % 2]
@@ -28,7 +29,7 @@ cfg = GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=2, num_train_ep
                  gradient_accumulation_steps=accumulation, parallelism="fsdp",
                  save_steps=1 if mode == "stop" else None, max_steps=2 if mode == "stop" else None)
 result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
-                      out / "adapters", policy="per_agent_lora", progress=False, config=cfg,
+                      out / "adapters", policy=policy, progress=False, config=cfg,
                       checkpoint_dir=out / "checkpoints",
                       resume_from_checkpoint=True if mode == "resume" else None)
 rank = int(os.environ.get("RANK", "0"))

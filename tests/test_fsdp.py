@@ -19,8 +19,9 @@ from safetensors.torch import load_file
 SCRIPT = Path(__file__).with_name("distributed_fsdp.py")
 
 
-def _run(tiny, out: Path, mode: str, procs: int, accumulation: int) -> list[dict]:
-    cmd = [sys.executable, str(SCRIPT), str(tiny), str(out), mode, str(accumulation)]
+def _run(tiny, out: Path, mode: str, procs: int, accumulation: int,
+         policy: str = "per_agent_lora") -> list[dict]:
+    cmd = [sys.executable, str(SCRIPT), str(tiny), str(out), mode, str(accumulation), policy]
     if procs > 1:
         cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -85,6 +86,22 @@ def test_two_fsdp_processes_train_what_one_does_and_a_sharded_checkpoint_resumes
                      checkpoint_dir=resumed_dir / "checkpoints", resume_from_checkpoint=True,
                      config=GRPOConfig())
     assert not (tmp_path / "plain").exists()
+
+
+def test_per_agent_models_sharded_one_after_the_other(tiny, tmp_path):
+    """per_agent_model: a separate model per agent, each sharded in turn; 2 processes again
+    train what 1 does."""
+    one = _run(tiny, tmp_path / "one", "run", 1, 2, "per_agent_model")
+    two = _run(tiny, tmp_path / "two", "run", 2, 1, "per_agent_model")
+    assert one[0]["steps"] == two[0]["steps"] == 8  # 4 per agent's model
+    for agent in ("a", "b"):  # each model's micro-batches, in order
+        mine = [loss for loss, a in zip(one[0]["losses"], one[0]["adapter_per_micro"])
+                if a == agent]
+        theirs = _interleave([{"losses": [loss for loss, a in zip(r["losses"],
+                                                                  r["adapter_per_micro"])
+                                          if a == agent]} for r in two])
+        assert theirs == pytest.approx(mine, abs=1e-5)
+    assert sorted(two[0]["adapters"]) == ["a", "b"]
 
 
 def test_unknown_parallelism_is_refused(tiny, tmp_path):
