@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,22 +48,6 @@ def worker(src: str, out: str, workers: int) -> dict[str, Any]:
         stats = convert_parallel(src, out, workers=workers)
     return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu() - c0,
             "transitions": stats.transitions}
-
-
-def run(args: list[str]) -> dict[str, Any]:
-    """One measurement in a fresh process, with the host steal and load average meanwhile."""
-    t0, load0 = bench._cpu_ticks(), os.getloadavg()[0]
-    r = subprocess.run([sys.executable, str(HERE), "--worker", *args], check=False,
-                       capture_output=True, text=True, env=bench._env(), cwd=bench.REPO)
-    t1, load1 = bench._cpu_ticks(), os.getloadavg()[0]
-    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        return {"error": f"rc {r.returncode}: {r.stderr.strip()[-400:]}"}
-    res = json.loads(lines[-1][len("RESULT "):])
-    if t0 and t1 and t1[1] > t0[1]:
-        res["steal_pct"] = 100.0 * (t1[0] - t0[0]) / (t1[1] - t0[1])
-    res["load"] = max(load0, load1)
-    return res
 
 
 def same_rows(a: Path, b: Path) -> bool:
@@ -107,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(a.repeats):
             for k in range(len(names)):
                 name = names[(r + k) % len(names)]
-                res = run([str(src), str(outs[name]), str(CONFIGS[name])])
+                res = recipe_bench.run(sys.executable,
+                                       [str(src), str(outs[name]), str(CONFIGS[name])],
+                                       script=HERE)
                 info["runs"][name].append(res)
                 bench.log(f"repeat {r + 1}/{a.repeats} {name}: "
                           + (f"{res['wall_s']:.2f} s wall, {res['cpu_s']:.2f} s CPU, "

@@ -95,10 +95,12 @@ def read_worker(src: str, recipe: str) -> dict[str, Any]:
     return {"wall_s": time.perf_counter() - t0, "cpu_s": bench._cpu_s() - c0, "rows": rows}
 
 
-def run(python: str, args: list[str], worker: str = "--worker") -> dict[str, Any]:
-    """One measurement in a fresh process, with the host steal and load average meanwhile."""
+def run(python: str, args: list[str], worker: str = "--worker", script: Path = HERE
+        ) -> dict[str, Any]:
+    """One measurement in a fresh process (``script worker args``: it prints ``RESULT
+    {json}``), with the host steal and load average meanwhile."""
     t0, load0 = bench._cpu_ticks(), os.getloadavg()[0]
-    r = subprocess.run([python, str(HERE), worker, *args], check=False,
+    r = subprocess.run([python, str(script), worker, *args], check=False,
                        capture_output=True, text=True, env=bench._env(), cwd=bench.REPO)
     t1, load1 = bench._cpu_ticks(), os.getloadavg()[0]
     lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]

@@ -33,6 +33,21 @@ def versions(model_dir, root, n):
     return out
 
 
+def call_alias_until(stop, base_url, record, errors, alias="team"):
+    """An agent: asks ``alias`` until ``stop``; ``record(started, returned, model)`` per
+    answer, the error of each failed call into ``errors``."""
+    client = openai.OpenAI(base_url=base_url, api_key="k", max_retries=0)
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            r = client.chat.completions.create(
+                model=alias, max_tokens=4, temperature=0,
+                messages=[{"role": "user", "content": "hi"}])
+            record(t0, time.monotonic(), r.model)
+        except Exception as exc:
+            errors.append(repr(exc))
+
+
 def test_sixteen_clients_through_five_swaps(tmp_path, spans, instrumented, monkeypatch):
     model = build_tiny_model(tmp_path / "model")
     dirs = versions(model, tmp_path / "adapters", 5)
@@ -46,16 +61,8 @@ def test_sixteen_clients_through_five_swaps(tmp_path, spans, instrumented, monke
         calls, errors, stop = [], [], threading.Event()
 
         def agent():
-            client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
-            while not stop.is_set():
-                t0 = time.monotonic()
-                try:
-                    r = client.chat.completions.create(
-                        model="team", max_tokens=4, temperature=0,
-                        messages=[{"role": "user", "content": "hi"}])
-                    calls.append((t0, time.monotonic(), r.model))
-                except Exception as exc:
-                    errors.append(repr(exc))
+            call_alias_until(stop, server.base_url, lambda t0, t1, model: calls.append(
+                (t0, t1, model)), errors)
 
         def served_since(t, n=CLIENTS, timeout=240.0):
             """Wait (at least 2.5 s, the drain window) until n requests started after t have

@@ -14,7 +14,7 @@ from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.serving.alias_server import AliasServer
 from agl_bridge.trainer.serving.publisher import Publisher, PublishError
 from agl_bridge.trainer.serving.vllm_server import VLLMServer
-from tests.test_e2e_hot_swap import versions
+from tests.test_e2e_hot_swap import call_alias_until, versions
 
 pytestmark = pytest.mark.e2e
 CLIENTS_PER_REPLICA = 4
@@ -40,16 +40,8 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
         calls, errors, stop = [], [], threading.Event()
 
         def agent(base_url):
-            client = openai.OpenAI(base_url=base_url, api_key="k", max_retries=0)
-            while not stop.is_set():
-                t0 = time.monotonic()
-                try:
-                    r = client.chat.completions.create(
-                        model="team", max_tokens=4, temperature=0,
-                        messages=[{"role": "user", "content": "hi"}])
-                    calls.append((t0, time.monotonic(), base_url, r.model))
-                except Exception as exc:
-                    errors.append(repr(exc))
+            call_alias_until(stop, base_url, lambda t0, t1, model: calls.append(
+                (t0, t1, base_url, model)), errors)
 
         def served_since(t, timeout=240.0):
             """Until each replica has answered a few requests started after ``t``."""
