@@ -119,3 +119,14 @@ def test_cli_workers(spans_dir, tmp_path):
                           "--workers", "2", "--part", "0/2"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode != 0 and "exclusive" in bad.stderr
+
+
+def test_a_directory_of_parts_trains_like_one_file(spans_dir, tiny, tmp_path):
+    import agl_bridge
+
+    convert_parallel(spans_dir, tmp_path / "parts", workers=2)
+    run = agl_bridge.train_from_traces(tmp_path / "parts", tiny, output_dir=tmp_path / "run",
+                                       policy="per_agent_lora", max_steps=2,
+                                       per_device_train_batch_size=4, progress=False)
+    assert run.conversion is None  # read as transitions, not converted again
+    assert sorted(run.adapters) == ["checker", "solver"] and run.steps == 2
