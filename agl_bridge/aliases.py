@@ -246,6 +246,9 @@ def default_table() -> AliasTable | HttpAliasTable | None:
     (then agents' model names are used as they are)."""
     path = os.environ.get(ALIASES_ENV)
     if not path:
+        if _default_path is not None:  # unset since: stop a poller, forget the table
+            with _default_lock:
+                _switch_default(None)
         return None
     if path != _default_path:
         with _default_lock:
@@ -254,10 +257,12 @@ def default_table() -> AliasTable | HttpAliasTable | None:
     return _default
 
 
-def _switch_default(path: str) -> None:
+def _switch_default(path: str | None) -> None:
     global _default, _default_path
     old = _default
-    if path.startswith(("http://", "https://")):
+    if path is None:
+        _default = None
+    elif path.startswith(("http://", "https://")):
         _default = HttpAliasTable(path, _poll_s())
     else:
         _default = AliasTable(path)

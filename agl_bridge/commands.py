@@ -236,7 +236,7 @@ def serve(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from agl_bridge.trainer.serving.vllm_server import VLLMServer
+    from agl_bridge.trainer.serving.vllm_server import VLLMServer, cpu_share
 
     servers = []
     try:
@@ -245,7 +245,9 @@ def serve(args: argparse.Namespace) -> int:
                                 port=(args.port + i) if args.port else None,
                                 max_model_len=args.max_model_len, max_lora_rank=args.max_lora_rank,
                                 max_loras=args.max_loras,
-                                log_path=Path(args.registry) / f"vllm-{i}.log")
+                                log_path=Path(args.registry) / f"vllm-{i}.log",
+                                cpu_cores=cpu_share(i, args.replicas) if args.replicas > 1
+                                else None)
             Path(args.registry).mkdir(parents=True, exist_ok=True)
             servers.append(server.start())
             print(f"replica {i}: {server.base_url} (model {args.served_model_name})", flush=True)

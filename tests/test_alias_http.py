@@ -101,6 +101,11 @@ def test_the_environment_chooses_file_or_url(tmp_path, monkeypatch):
         monkeypatch.setenv(aliases.ALIASES_ENV, str(tmp_path / "aliases.json"))
         assert isinstance(aliases.default_table(), aliases.AliasTable)
         assert table._stop.is_set()  # the replaced poller stopped
+        monkeypatch.setenv(aliases.ALIASES_ENV, "http://127.0.0.1:9/aliases")
+        polling = aliases.default_table()
+        monkeypatch.delenv(aliases.ALIASES_ENV)
+        assert aliases.default_table() is None
+        assert isinstance(polling, HttpAliasTable) and polling._stop.is_set()  # unset: stopped
     finally:
         table.close()
     with pytest.raises(ValueError, match="positive"):

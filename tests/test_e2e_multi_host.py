@@ -13,7 +13,7 @@ from agl_bridge.aliases import ALIASES_ENV, POLL_ENV
 from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.serving.alias_server import AliasServer
 from agl_bridge.trainer.serving.publisher import Publisher, PublishError
-from agl_bridge.trainer.serving.vllm_server import VLLMServer
+from agl_bridge.trainer.serving.vllm_server import VLLMServer, cpu_share
 from tests.test_e2e_hot_swap import call_alias_until, versions
 
 pytestmark = pytest.mark.e2e
@@ -25,10 +25,14 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
     model = build_tiny_model(tmp_path / "model")
     dirs = versions(model, tmp_path / "adapters", 4)
     registry = tmp_path / "registry"
+    # two hosts' replicas on this one: each bound to its own share of the cores (bound to
+    # the same cores, one replica's engine once stalled for minutes beside the other)
     with VLLMServer(model, served_model_name="tiny", max_model_len=256, kv_cache_gib=1,
-                    max_loras=4, log_path=tmp_path / "vllm-0.log") as r0, \
+                    max_loras=4, log_path=tmp_path / "vllm-0.log",
+                    cpu_cores=cpu_share(0, 2)) as r0, \
             VLLMServer(model, served_model_name="tiny", max_model_len=256, kv_cache_gib=1,
-                       max_loras=4, log_path=tmp_path / "vllm-1.log") as r1, \
+                       max_loras=4, log_path=tmp_path / "vllm-1.log",
+                       cpu_cores=cpu_share(1, 2)) as r1, \
             AliasServer(registry) as alias_server:
         replicas = [r0.base_url, r1.base_url]
         publisher = Publisher(replicas, registry, base_model=model, max_lora_rank=16,

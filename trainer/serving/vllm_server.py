@@ -34,6 +34,18 @@ def has_cuda() -> bool:
         return False
 
 
+def cpu_share(replica: int, replicas: int) -> str:
+    """The cores replica ``replica`` of ``replicas`` on this host binds to: a contiguous
+    share of the cores this process may use (the same cores for all when fewer than
+    replicas)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < replicas:
+        return ",".join(map(str, cores))
+    per = len(cores) // replicas
+    mine = cores[replica * per:(replica + 1) * per]
+    return ",".join(map(str, mine))
+
+
 class VLLMServer:
     """``with VLLMServer(model_dir) as server: server.base_url`` -> ``http://127.0.0.1:P/v1``."""
 
@@ -41,7 +53,11 @@ class VLLMServer:
                  port: int | None = None, dtype: str | None = None, max_model_len: int = 1024,
                  max_lora_rank: int = 16, max_loras: int = 4, kv_cache_gib: int = 2,
                  log_path: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
-                 startup_timeout_s: float = 300.0) -> None:
+                 startup_timeout_s: float = 300.0, cpu_cores: str | None = None) -> None:
+        """``cpu_cores`` (CPU backend): the cores its engine's threads are bound to, e.g.
+        ``"0"`` or ``"0-3"``; replicas on one host each get their own (``cpu_share``): by
+        default vLLM binds every server to the same cores, where their spinning OpenMP threads
+        starve each other (a replica's engine stalled for minutes beside another)."""
         self.model_dir = Path(model_dir)
         self.served_model_name = served_model_name
         self.port = port or free_port()
@@ -61,6 +77,8 @@ class VLLMServer:
             self.env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (site, self.env.get("PYTHONPATH")) if p)
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        if cpu_cores is not None and not has_cuda():
+            self.env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_cores
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen | None = None
