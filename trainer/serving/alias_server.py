@@ -77,6 +77,8 @@ class AliasServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
+        if isinstance(host, bytes):
+            host = host.decode()
         return f"http://{host}:{port}{PATH}"
 
     def start(self) -> AliasServer:
