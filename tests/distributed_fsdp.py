@@ -33,6 +33,7 @@ result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), mode
                       checkpoint_dir=out / "checkpoints",
                       resume_from_checkpoint=True if mode == "resume" else None)
 rank = int(os.environ.get("RANK", "0"))
+out.mkdir(parents=True, exist_ok=True)  # rank 1 may finish before rank 0 has saved into it
 (out / f"{mode}-rank{rank}.json").write_text(json.dumps({
     "steps": result.steps, "adapters": {k: str(v) for k, v in result.adapters.items()},
     "losses": [m["loss"] for m in result.metrics],
