@@ -68,6 +68,12 @@ def parse_aliases(data: Any) -> dict[str, str]:
     return dict(aliases)
 
 
+def _kept(aliases: dict[str, str] | None) -> str:
+    """What an agent does while its table is unusable."""
+    return (f"keeping the table read before ({len(aliases)} aliases)" if aliases is not None
+            else "no alias is routed until it is fixed (model names are sent as they are)")
+
+
 def _kind(value: Any) -> str:
     return "null" if value is None else f"a {type(value).__name__}"
 
@@ -124,11 +130,8 @@ class AliasTable:
 
     def _reject(self, stamp: tuple[Any, ...], what: str) -> None:
         self._stamp, self._unusable = stamp, True  # reported once per file version
-        kept = (f"keeping the table read before ({len(self._aliases)} aliases)"
-                if self._aliases is not None else
-                "no alias is routed until it is fixed (model names are sent as they are)")
         logger.warning("agl_bridge: alias file %s (%s) is not usable: %s; %s",
-                       self.path, ALIASES_ENV, what, kept)
+                       self.path, ALIASES_ENV, what, _kept(self._aliases))
 
     def read(self) -> dict[str, Any]:
         try:
@@ -216,11 +219,8 @@ class HttpAliasTable:
         if what == self._problem:
             return
         self._problem = what
-        kept = (f"keeping the table read before ({len(self._aliases)} aliases)"
-                if self._aliases is not None else
-                "no alias is routed until it is fixed (model names are sent as they are)")
         logger.warning("agl_bridge: alias table %s (%s) is not usable: %s; %s",
-                       self.url, ALIASES_ENV, what, kept)
+                       self.url, ALIASES_ENV, what, _kept(self._aliases))
 
 
 _default: AliasTable | HttpAliasTable | None = None

@@ -156,10 +156,10 @@ def _flat_sharded_state(forward: torch.nn.Module, optimizer: torch.optim.Optimiz
         get_optimizer_state_dict,
     )
 
+    from agl_bridge.trainer.training.sharding import all_lora_trainable
+
     options = StateDictOptions(ignore_frozen_params=True)
-    for n, p in forward.named_parameters():  # set_adapter freezes the inactive adapters
-        if "lora_" in n:
-            p.requires_grad_(True)
+    all_lora_trainable(forward)
     model_state: dict[str, Any] = get_model_state_dict(forward, options=options)
     optim_state: dict[str, Any] = dict(get_optimizer_state_dict(forward, optimizer,
                                                                 options=options))

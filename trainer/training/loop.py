@@ -249,7 +249,7 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             break
         t0 = time.perf_counter()
         model.set_adapter(peft_name(name))
-        if sharded:  # every adapter's shards stay trainable under FSDP (sharding.py)
+        if sharded:  # every adapter's shards stay trainable (sharding.all_lora_trainable)
             for p in params:
                 p.requires_grad_(True)
         part = [rows[i] for i in idx]
@@ -259,7 +259,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         batch = collate(part, pad_id, device, packing, mask_dtype)
         logp = forward(batch)
         adv = torch.tensor([rows[i]["advantage"] for i in idx], device=device)
-        fresh += [i for i in idx if i not in old]
+        if share_old:
+            fresh += [i for i in idx if i not in old]
         if objective == "sft":
             loss = sft_loss(logp, batch["loss_mask"], cfg.loss_type, max_len)
             stats: dict[str, float] = {}

@@ -87,20 +87,25 @@ def load_sharded(base_model: Any, cfg: Any, names: list[str], init_adapters: dic
                                 placement="cpu" if rank == 0 else "meta")
     # rank 0's whole weights, held until broadcast (the sharded module's keys: "model." ...)
     full = PolicyForward(model).state_dict() if rank == 0 else {}
-    buffers = ({n: b.detach().clone() for n, b in model.named_buffers()} if rank == 0
-               else None)
-    forward = shard(model, device, mixed_precision)
+    forward = shard(model, device, mixed_precision)  # rank 0's buffers move with their data
     if rank != 0:
         forward.to_empty(device=device)
     set_model_state_dict(forward, full, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=True))
     del full
     # buffers outside the state dict (e.g. rotary frequencies) are garbage after to_empty
-    for name, buf in model.named_buffers():
-        if rank == 0 and buffers is not None:
-            buf.copy_(buffers[name].to(buf.device))
+    for buf in model.buffers():
         dist.broadcast(buf, src=0)
     return model, forward, device
+
+
+def all_lora_trainable(module: torch.nn.Module) -> None:
+    """Every adapter's LoRA weights trainable again: peft's ``set_adapter`` freezes the
+    inactive adapters, and under FSDP every rank must keep the same trainable set (and a state
+    dict must hold every adapter)."""
+    for n, p in module.named_parameters():
+        if "lora_" in n:
+            p.requires_grad_(True)
 
 
 def local_value(x: torch.Tensor) -> torch.Tensor:
@@ -116,9 +121,7 @@ def full_lora_state(forward: PolicyForward) -> dict[str, torch.Tensor]:
     calls it; each gets the full tensors (LoRA weights are small next to the base)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    for n, p in forward.named_parameters():  # set_adapter freezes the inactive adapters
-        if "lora_" in n:
-            p.requires_grad_(True)
+    all_lora_trainable(forward)
     state: dict[str, Any] = get_model_state_dict(forward, options=StateDictOptions(
         full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))
     return {k.removeprefix("model."): v for k, v in state.items() if "lora_" in k}
