@@ -61,7 +61,7 @@ def test_parallel_conversion_equals_one_process_row_for_row(spans_dir, tmp_path,
     assert one.transitions == 130 * 4 and one.groups > 0
     seen = []
     (tmp_path / "two").mkdir()
-    (tmp_path / "two" / "stale.parquet").write_text("an earlier run's")  # replaced whole
+    (tmp_path / "two" / "part-00000-of-00003.parquet").write_text("an earlier run's")
     two = convert_parallel(spans_dir, tmp_path / "two", cfg, workers=2,
                            max_rows_in_memory=max_rows, on_part=lambda i, s: seen.append(i))
     assert sorted(seen) == [0, 1]
@@ -75,6 +75,10 @@ def test_parallel_conversion_equals_one_process_row_for_row(spans_dir, tmp_path,
         one.transitions, one.spans, one.episodes, one.llm_spans, one.files, one.groups)
     assert sorted(two.rewards) == sorted(one.rewards)
     assert not list(tmp_path.glob(".two*"))  # nothing left beside it
+    (tmp_path / "two" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not only conversion parts"):
+        convert_parallel(spans_dir, tmp_path / "two", cfg, workers=2)
+    assert (tmp_path / "two" / "notes.txt").read_text() == "mine"  # nothing replaced
 
 
 def test_parts_on_machines_together_hold_the_whole_and_train_as_a_directory(spans_dir,

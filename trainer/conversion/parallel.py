@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -54,6 +55,11 @@ def convert_parallel(source: Source, out_dir: str | os.PathLike[str],
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out}: a parallel conversion writes a directory of parts; this "
                          "is a file")
+    others = [p.name for p in out.iterdir() if not _PART.fullmatch(p.name)] if out.is_dir() \
+        else []
+    if others:  # replaced whole below: never a directory that holds anything but parts
+        raise ValueError(f"{out}: holds {others[:3]}, not only conversion parts; give an "
+                         "empty or new directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -85,6 +91,9 @@ def convert_parallel(source: Source, out_dir: str | os.PathLike[str],
         return total
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+_PART = re.compile(r"part-\d+-of-\d+\.parquet")
 
 
 def _replace_dir(new: Path, out: Path) -> None:
