@@ -25,7 +25,8 @@ Nothing is tuned on the held-out set: every arm runs the demo's defaults but its
 
 Run: ``.venv/bin/python benchmarks/credit_ablation.py [--arms a,b,...] [--seeds 0,1]
 [--minutes 20 | --rounds 4] [--eval-tasks 200] [--workdir runs/ablation] [--json PATH]``;
-an arm whose ``state.json`` says it finished is not run again (delete its directory to redo it).
+a run whose record is in ``--results`` (default ``benchmarks/results/ablation/<arm>-seed<k>.json``,
+committed: the runs outlive a machine) or whose ``state.json`` says it finished is not run again.
 ``--quick``: the tiny random model, one round, 20 held-out tasks: the plumbing only.
 """
 
@@ -54,7 +55,29 @@ ROLES = ("reader", "solver")
 Z95 = 1.959964
 
 
+RECORD_KEYS = ("baseline", "final", "rounds", "ablation_seconds")
+
+
+def record(data: dict, arm: str, seed: int, args: argparse.Namespace) -> dict:
+    """What the table needs of a finished run, small enough to commit: its evaluations before
+    and after, its rounds, its wall time, and what produced it."""
+    out = {k: data[k] for k in RECORD_KEYS if k in data}
+    out.update(arm=arm, seed=seed, eval_tasks=args.eval_tasks, budget_rounds=args.rounds,
+               commit=_commit(), finished=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    return out
+
+
+def _commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=REPO)
+    return proc.stdout.strip() or "unknown"
+
+
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict | None:
+    kept = (Path(args.results) / f"{arm}-seed{seed}.json"
+            if args.results and not args.quick else None)
+    if kept is not None and kept.exists():
+        return json.loads(kept.read_text())
     work = Path(args.workdir) / f"{arm}-seed{seed}"
     state = work / "state.json"
     if state.exists():
@@ -82,7 +105,15 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict | None:
         return None
     data = json.loads(state.read_text())
     data["ablation_seconds"] = time.monotonic() - t0
+    if kept is not None and not args.quick:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(record(data, arm, seed, args), indent=1))
     return data
+
+
+def _rounds(data: dict) -> int:
+    rounds = data.get("rounds", [])
+    return rounds if isinstance(rounds, int) else len(rounds)
 
 
 def counts(stats: dict) -> tuple[int, int]:
@@ -121,7 +152,7 @@ def summarize(results: dict[str, list[dict]]) -> dict:
                 pooled[key] = [pooled[key][0] + kb, pooled[key][1] + nb,
                                pooled[key][2] + ka, pooled[key][3] + na]
         out[arm] = {"seeds": len(runs), "pooled": pooled,
-                    "rounds": [len(d.get("rounds", [])) for d in runs],
+                    "rounds": [_rounds(d) for d in runs],
                     "minutes": [round(d.get("ablation_seconds", 0) / 60, 1) for d in runs]}
     ref = out.get("at_grpo")
     for arm, s in out.items():
@@ -147,8 +178,8 @@ def print_table(summary: dict) -> None:
         diff = s.get("team_after_minus_at_grpo")
         d = f"{diff[0] * 100:+.1f} [{diff[1] * 100:+.1f}, {diff[2] * 100:+.1f}]" if diff else "-"
         print(f"{arm:<14}{s['seeds']:>6}{cell(t[0], t[1]):>24}{cell(t[2], t[3]):>24}"
-              f"{f'{rd[0] / max(rd[1], 1):.0%} -> {rd[2] / max(rd[3], 1):.0%}':>24}"
-              f"{f'{sv[0] / max(sv[1], 1):.0%} -> {sv[2] / max(sv[3], 1):.0%}':>24}{d:>26}")
+              f"{f'{rd[0] / max(rd[1], 1):.1%} -> {rd[2] / max(rd[3], 1):.1%}':>24}"
+              f"{f'{sv[0] / max(sv[1], 1):.1%} -> {sv[2] / max(sv[3], 1):.1%}':>24}{d:>26}")
 
 
 def main() -> None:
@@ -164,6 +195,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="the tiny random model, one round: checks the plumbing, no figures")
     ap.add_argument("--json", help="also write the per-arm figures here")
+    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "ablation"),
+                    help="one small JSON record per finished run, kept (committed) so that a "
+                         "later session's table includes it; '' keeps none")
     args = ap.parse_args()
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
