@@ -1,10 +1,13 @@
 """Run under torchrun (or as one plain process): per-agent LoRA training with
 ``parallelism="fsdp"``. Writes each rank's per-micro-batch losses and, from rank 0, the
-adapters; ``stop`` checkpoints every step and stops after 2, ``resume`` continues the latest
-checkpoint. Usage: distributed_fsdp.py MODEL OUT {run,stop,resume} ACCUMULATION [POLICY]"""
+adapters; ``stop`` checkpoints every step and stops after 2, ``kill`` checkpoints every step
+and rank 1 kills itself (SIGKILL) in the save of step 3, once its shards are on disk and before
+rank 0 renames the checkpoint into place; ``resume`` continues the latest checkpoint.
+Usage: distributed_fsdp.py MODEL OUT {run,stop,kill,resume} ACCUMULATION [POLICY]"""
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -25,14 +28,26 @@ for i in range(16):  # two agents, two groups each, completions of different len
                  "reward": [1.0, 0.0, 0.5, 0.2, 0.9, 0.1, 0.7, 0.3][i % 8],
                  "group_id": f"g_{agent}_{i // 8}", "advantage": None, "merged_calls": 1,
                  "retokenized": False})
+rank = int(os.environ.get("RANK", "0"))
+if mode == "kill":
+    from agl_bridge.trainer.training import checkpoints
+
+    written = checkpoints._fsync_dir_files
+
+    def die_in_the_third_save(folder: Path, extra: list[Path]) -> None:
+        written(folder, extra)
+        if rank == 1 and ".tmp-checkpoint-3" in str(folder):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoints._fsync_dir_files = die_in_the_third_save
 cfg = GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=2, num_train_epochs=2,
                  gradient_accumulation_steps=accumulation, parallelism="fsdp",
-                 save_steps=1 if mode == "stop" else None, max_steps=2 if mode == "stop" else None)
+                 save_steps=1 if mode in ("stop", "kill") else None,
+                 max_steps=2 if mode == "stop" else None)
 result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
                       out / "adapters", policy=policy, progress=False, config=cfg,
                       checkpoint_dir=out / "checkpoints",
                       resume_from_checkpoint=True if mode == "resume" else None)
-rank = int(os.environ.get("RANK", "0"))
 out.mkdir(parents=True, exist_ok=True)  # rank 1 may finish before rank 0 has saved into it
 (out / f"{mode}-rank{rank}.json").write_text(json.dumps({
     "steps": result.steps, "adapters": {k: str(v) for k, v in result.adapters.items()},

@@ -74,3 +74,22 @@ def test_tampered_checkpoints_are_refused_with_the_reason(tiny, tmp_path, checkp
     (path / TENSORS_FILE).write_bytes(b"\x00" * 16)
     with pytest.raises(ValueError, match="unreadable checkpoint"):
         resume(tiny, tmp_path, data, path)
+
+
+def test_a_save_killed_before_its_rename_is_never_resumed_and_is_removed(tiny, tmp_path,
+                                                                          checkpoint):
+    """What a kill -9 mid-save leaves (a ``.tmp-*`` folder, even one that looks complete) is not
+    a checkpoint: resuming takes the last renamed one, and the leftover is removed."""
+    import shutil
+
+    data, path = checkpoint
+    leftover = path.parent / ".tmp-0123abcd"
+    shutil.copytree(path, leftover)
+    state = json.loads((leftover / STATE_FILE).read_text())
+    (leftover / STATE_FILE).write_text(json.dumps({**state, "step": 99}))
+    result = train_policy(data, tiny, tmp_path / "r", checkpoint_dir=path.parent,
+                          resume_from_checkpoint=True, progress=False,
+                          config=GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=2))
+    assert result.steps == 2  # resumed after step 1 of 2, not "step 99"
+    assert not leftover.exists()
+    assert path.exists()

@@ -1,9 +1,11 @@
 """Conversion in parallel: processes (``convert_parallel``, ``--workers``) and machines
 (``part=``, ``--part I/N``) give the rows of the one-process run, row for row."""
 
+import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -134,3 +136,52 @@ def test_a_directory_of_parts_trains_like_one_file(spans_dir, tiny, tmp_path):
                                        per_device_train_batch_size=4, progress=False)
     assert run.conversion is None  # read as transitions, not converted again
     assert sorted(run.adapters) == ["checker", "solver"] and run.steps == 2
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_conversion_killed_in_its_switch_is_put_back_by_the_next(spans_dir, tmp_path):
+    """kill -9 between moving the previous output aside and renaming the new one into place
+    leaves no ``out``: the next run restores the previous one first, then replaces it; parts in
+    progress of dead runs are removed, a live run's are not touched."""
+    from agl_bridge.trainer.conversion.parallel import recover
+
+    out = tmp_path / "t"
+    convert_parallel(str(spans_dir), out, workers=2)
+    before = _sorted(read_transitions(out))
+    dead = _dead_pid()
+    aside = tmp_path / f".t.old-{dead}-0badc0de"
+    out.rename(aside)  # what the kill left: the previous output aside, the new half-written
+    (tmp_path / f".t.tmp-{dead}-12345678").mkdir()
+    (tmp_path / f".t.tmp-{dead}-12345678" / "part-00000-of-00002.parquet").write_bytes(b"PAR1")
+    live = tmp_path / f".t.tmp-{os.getpid()}-87654321"
+    live.mkdir()
+    assert sorted(recover(out)) == [f"removed .t.tmp-{dead}-12345678",
+                                    f"restored t from .t.old-{dead}-0badc0de"]
+    assert _sorted(read_transitions(out)) == before and live.exists()
+    live.rmdir()
+    convert_parallel(str(spans_dir), out, workers=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
+
+
+def test_kill_9_while_parts_convert_leaves_the_previous_output(spans_dir, tmp_path):
+    exe = Path(sys.executable).with_name("agl-bridge")
+    out = tmp_path / "t"
+    convert_parallel(str(spans_dir), out, workers=2)
+    before = _sorted(read_transitions(out))
+    proc = subprocess.Popen([str(exe), "convert", str(spans_dir), str(out), "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".t.tmp-*")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert list(tmp_path.glob(".t.tmp-*")), "the conversion ended before it could be killed"
+    assert _sorted(read_transitions(out)) == before  # the previous output, whole
+    convert_parallel(str(spans_dir), out, workers=2)
+    assert _sorted(read_transitions(out)) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]

@@ -19,12 +19,17 @@ from safetensors.torch import load_file
 SCRIPT = Path(__file__).with_name("distributed_fsdp.py")
 
 
-def _run(tiny, out: Path, mode: str, procs: int, accumulation: int,
-         policy: str = "per_agent_lora") -> list[dict]:
+def _launch(tiny, out: Path, mode: str, procs: int, accumulation: int,
+            policy: str = "per_agent_lora") -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(SCRIPT), str(tiny), str(out), mode, str(accumulation), policy]
     if procs > 1:
         cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def _run(tiny, out: Path, mode: str, procs: int, accumulation: int,
+         policy: str = "per_agent_lora") -> list[dict]:
+    done = _launch(tiny, out, mode, procs, accumulation, policy)
     first = done.stderr.find("Traceback")  # a rank's own error, before torchrun's summary
     assert done.returncode == 0, (done.stdout[-2000:] + done.stderr[first:first + 4000]
                                   + done.stderr[-1500:])
@@ -76,6 +81,19 @@ def test_two_fsdp_processes_train_what_one_does_and_a_sharded_checkpoint_resumes
         a = _lora(tmp_path / "two" / "adapters", name, "v0001")
         b = _lora(resumed_dir / "adapters", name, "v0002")  # v0001: the stopped run's
         assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+    # a rank killed (SIGKILL) inside the third save, its shards written, the rename not done:
+    # the second checkpoint stays whole and the run resumes from it, the same trajectory
+    killed_dir = tmp_path / "killed"
+    killed = _launch(tiny, killed_dir, "kill", 2, 1)
+    assert killed.returncode != 0
+    ckpts = sorted(p.name for p in (killed_dir / "checkpoints").iterdir())
+    assert "checkpoint-2" in ckpts and "checkpoint-3" not in ckpts, ckpts
+    resumed = _run(tiny, killed_dir, "resume", 2, 1)
+    for r in range(2):
+        assert resumed[r]["losses"] == pytest.approx(two[r]["losses"], abs=1e-6)
+    assert not [p for p in (killed_dir / "checkpoints").iterdir()
+                if p.name.startswith(".tmp-")], "the half-written save was left behind"
 
     # one plain process does not load the shards: a clear refusal, nothing trained
     from agl_bridge.trainer.training import GRPOConfig, train_policy

@@ -13,6 +13,7 @@ transitions input for ``train_from_traces`` and ``agl-bridge train`` (read in na
 
 from __future__ import annotations
 
+import glob
 import multiprocessing
 import os
 import re
@@ -46,7 +47,8 @@ def convert_parallel(source: Source, out_dir: str | os.PathLike[str],
     writing its part, ``out_dir/part-<i>-of-<n>.parquet``: a transitions directory, which
     ``train_from_traces`` and ``agl-bridge train`` read as one (the parts in name order). The
     statistics are the one-process run's. ``out_dir`` is replaced whole once every part is
-    written (a kill leaves the previous one, or none). ``on_part(i, stats)`` is called as
+    written: a kill leaves the previous one (one killed in the switch itself is put back by
+    the next run, ``recover``). ``on_part(i, stats)`` is called as
     each part finishes."""
     cfg = config or ConvertConfig()
     if workers < 1:
@@ -61,7 +63,8 @@ def convert_parallel(source: Source, out_dir: str | os.PathLike[str],
         raise ValueError(f"{out}: holds {others[:3]}, not only conversion parts; give an "
                          "empty or new directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    recover(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         files = [tmp / f"part-{i:05d}-of-{workers:05d}.parquet" for i in range(workers)]
@@ -96,11 +99,42 @@ def convert_parallel(source: Source, out_dir: str | os.PathLike[str],
 _PART = re.compile(r"part-\d+-of-\d+\.parquet")
 
 
+def recover(out: Path) -> list[str]:
+    """Undo what a killed ``convert_parallel`` into ``out`` left beside it: its parts in
+    progress (``.OUT.tmp-<pid>-*``) are removed; a previous output moved aside for the switch
+    (``.OUT.old-<pid>-*``) goes back to ``out`` if the kill came before the new one took its
+    place, and is removed otherwise. Only leftovers of processes that no longer run are
+    touched (another conversion into ``out`` may be running)."""
+    done = []
+    for kind in ("old", "tmp"):  # the previous output first: it is what ``out`` was
+        for p in sorted(out.parent.glob(f".{glob.escape(out.name)}.{kind}-*")):
+            m = re.fullmatch(rf"\.{re.escape(out.name)}\.{kind}-(\d+)-[0-9a-f]+", p.name)
+            if m is None or _alive(int(m.group(1))):
+                continue
+            if kind == "old" and not out.exists():
+                p.rename(out)
+                done.append(f"restored {out.name} from {p.name}")
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+                done.append(f"removed {p.name}")
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _replace_dir(new: Path, out: Path) -> None:
     """``new`` becomes ``out``; an existing ``out`` is moved aside first and then removed."""
     aside = None
     if out.exists():
-        aside = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        aside = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         out.rename(aside)
     new.rename(out)
     if aside is not None:

@@ -62,6 +62,18 @@ def save_checkpoint(root: Path, next_micro: int, step: int, model: torch.nn.Modu
     return out
 
 
+def remove_unfinished_saves(root: str | os.PathLike[str]) -> list[str]:
+    """Remove what saves killed before their rename left in ``root`` (``.tmp-*``: never a
+    checkpoint, which only a rename makes). Called as a run starts, before it saves; one run
+    per checkpoint directory at a time, as with the checkpoints themselves."""
+    gone = []
+    for p in Path(root).glob(".tmp-*"):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p.name)
+    return gone
+
+
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     found = [p for p in Path(root).glob("checkpoint-[0-9]*") if p.name.split("-")[1].isdigit()]
     found.sort(key=lambda p: int(p.name.split("-")[1]))

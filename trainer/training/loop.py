@@ -39,6 +39,7 @@ from agl_bridge.trainer.rewards.advantages import group_advantages
 from agl_bridge.trainer.training.checkpoints import (
     load_checkpoint,
     load_sharded_checkpoint,
+    remove_unfinished_saves,
     resolve_checkpoint,
     save_checkpoint,
     save_sharded_checkpoint,
@@ -230,6 +231,11 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     metrics: list[dict[str, Any]] = []
     step = 0
     start = 0
+    if checkpoint_dir is not None and rank == 0 and Path(checkpoint_dir).is_dir():
+        gone = remove_unfinished_saves(checkpoint_dir)
+        if gone:
+            logger.info("agl_bridge: removed %d unfinished checkpoint save(s) in %s: %s",
+                        len(gone), checkpoint_dir, gone)
     if resume:
         path = resolve_checkpoint(resume, checkpoint_dir)
         if sharded:
