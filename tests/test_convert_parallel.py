@@ -98,8 +98,13 @@ def test_parts_on_machines_together_hold_the_whole_and_train_as_a_directory(span
 
     assert read_transitions(parts).num_rows == one.transitions
 
+    # refused before anything is read when every transition would need it ...
     with pytest.raises(ValueError, match="batch and key: baselines"):
-        convert(spans_dir, tmp_path / "p.parquet", ConvertConfig(baseline="batch"),
+        convert(tmp_path / "no-such-spans", tmp_path / "p.parquet",
+                ConvertConfig(baseline="batch"), part=(0, 2))
+    # ... and after converting when some fell back to it (the episodes without a task)
+    with pytest.raises(ValueError, match="batch and key: baselines"):
+        convert(spans_dir, tmp_path / "p.parquet", ConvertConfig(baseline=("group", "batch")),
                 part=(0, 2))
     assert not (tmp_path / "p.parquet").exists()
 

@@ -39,6 +39,7 @@ from agl_bridge.trainer.conversion.sources import Source, otlp_json_files, read_
 from agl_bridge.trainer.conversion.spill import convert_spilled
 from agl_bridge.trainer.conversion.stages import convert_rows
 from agl_bridge.trainer.conversion.streaming import convert_streaming, stream_plan
+from agl_bridge.trainer.rewards.baselines import GROUP
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward, Resolved
 
 Progress = Callable[[int, int], None]
@@ -111,6 +112,8 @@ def convert(source: Source, out_path: str | os.PathLike[str],
         raise ValueError(f"max_rows_in_memory must be positive, got {max_rows_in_memory}")
     if part is not None:
         part = check_part(part)
+        if part[1] > 1 and finish and cfg.baselines[0] not in (GROUP, "none"):
+            raise ValueError(_PART_BASELINE)  # every transition would need it: say so now
     extra = span_files(evaluations_from) if evaluations_from is not None else []
     if tune_allocators:
         with short_lived_arrays():
@@ -118,6 +121,11 @@ def convert(source: Source, out_path: str | os.PathLike[str],
                             part, finish)
     return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra, part,
                     finish)
+
+
+_PART_BASELINE = ("the batch and key: baselines compare transitions across all parts; a single "
+                  "part cannot compute them: convert with workers (convert_parallel, "
+                  "agl-bridge convert --workers N)")
 
 
 def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
@@ -164,10 +172,8 @@ def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertCo
             del stats.notes[key]
     if finish:
         if part is not None and part[1] > 1 and needs_finish(stats):
-            out_path.unlink(missing_ok=True)
-            raise ValueError("the batch and key: baselines compare transitions across all "
-                             "parts; a single part cannot compute them: convert with "
-                             "workers (convert_parallel, agl-bridge convert --workers N)")
+            out_path.unlink(missing_ok=True)  # some transitions fell back to one
+            raise ValueError(_PART_BASELINE)
         finish_file(out_path, cfg, stats)
     return stats
 
