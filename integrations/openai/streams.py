@@ -27,7 +27,8 @@ from wrapt import ObjectProxy
 
 from agl_bridge.errors import record_error
 
-from .raw import Take, _active
+from . import raw
+from .raw import Take
 from .request import Call
 from .response import Choice, common_attributes, reasoning_of, record
 from .utils import extra
@@ -78,9 +79,8 @@ class StreamRecorder:
             self.response_id = chunk.id
         if self.model is None and getattr(chunk, "model", None):
             self.model = chunk.model
-        usage = getattr(chunk, "usage", None)
-        if usage is not None:
-            self.usage = usage
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
         call = self.call
         ids = self.ids
         read_ids = call.ids and not absorbed
@@ -110,10 +110,9 @@ class StreamRecorder:
             if call.messages:
                 if getattr(delta, "content", None):
                     acc.text.append(delta.content)
-                if getattr(delta, "model_extra", None):  # no extra fields: no reasoning text
-                    reasoning = reasoning_of(delta)
-                    if reasoning:
-                        acc.reasoning.append(reasoning)
+                reasoning = reasoning_of(delta)
+                if reasoning:
+                    acc.reasoning.append(reasoning)
                 legacy = getattr(delta, "function_call", None)
                 if legacy is not None:
                     if acc.legacy_call is None:
@@ -176,29 +175,16 @@ class StreamProxy(_EndsWhenCollected, ObjectProxy):
     def __init__(self, wrapped: Any, recorder: StreamRecorder) -> None:
         super().__init__(wrapped)
         self._self_recorder = recorder
-        self._self_take = recorder.call.take
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        # runs once per chunk: the take is activated with the context variable's own set/reset
-        # (what ``raw.activate``/``raw.deactivate`` do, without two Python calls per chunk)
         recorder = self._self_recorder
-        take = self._self_take
-        if take is None:
-            try:
-                chunk = self.__wrapped__.__next__()
-            except StopIteration:
-                recorder.end()
-                raise
-            except BaseException as exc:
-                recorder.end(exc)
-                raise
-            recorder.process(chunk)
-            return chunk
-        before = take.absorbed
-        token = _active.set(take)
+        take = recorder.call.take
+        if take is not None:
+            before = take.absorbed
+            token = raw.activate(take)
         try:
             chunk = self.__wrapped__.__next__()
         except StopIteration:
@@ -208,8 +194,9 @@ class StreamProxy(_EndsWhenCollected, ObjectProxy):
             recorder.end(exc)
             raise
         finally:
-            _active.reset(token)
-        recorder.process(chunk, take.absorbed != before)
+            if take is not None:
+                raw.deactivate(token)
+        recorder.process(chunk, take is not None and take.absorbed != before)
         return chunk
 
     def __enter__(self):
@@ -231,27 +218,16 @@ class AsyncStreamProxy(_EndsWhenCollected, ObjectProxy):
     def __init__(self, wrapped: Any, recorder: StreamRecorder) -> None:
         super().__init__(wrapped)
         self._self_recorder = recorder
-        self._self_take = recorder.call.take
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
         recorder = self._self_recorder
-        take = self._self_take
-        if take is None:
-            try:
-                chunk = await self.__wrapped__.__anext__()
-            except StopAsyncIteration:
-                recorder.end()
-                raise
-            except BaseException as exc:
-                recorder.end(exc)
-                raise
-            recorder.process(chunk)
-            return chunk
-        before = take.absorbed
-        token = _active.set(take)
+        take = recorder.call.take
+        if take is not None:
+            before = take.absorbed
+            token = raw.activate(take)
         try:
             chunk = await self.__wrapped__.__anext__()
         except StopAsyncIteration:
@@ -261,8 +237,9 @@ class AsyncStreamProxy(_EndsWhenCollected, ObjectProxy):
             recorder.end(exc)
             raise
         finally:
-            _active.reset(token)
-        recorder.process(chunk, take.absorbed != before)
+            if take is not None:
+                raw.deactivate(token)
+        recorder.process(chunk, take is not None and take.absorbed != before)
         return chunk
 
     async def __aenter__(self):
