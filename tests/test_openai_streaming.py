@@ -478,3 +478,57 @@ def test_raw_response_streams_are_traced_once_parsed(spans, instrumented):
     assert set(got) == {"sync", "async"}
     for a in got.values():
         assert list(a[sc.COMPLETION_TOKEN_IDS]) == [11, 12, 13] and a[sc.LLM_STREAM] is True
+
+
+def test_async_stream_without_a_take_ends_its_span_on_exhaustion_and_close(
+        spans, instrumented, monkeypatch):
+    # capture "none" reads no ids, so the proxies iterate without activating a take
+    monkeypatch.setenv("AGL_BRIDGE_CAPTURE", "none")
+
+    async def main(url):
+        client = openai.AsyncOpenAI(base_url=url, api_key="k")
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream])
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        async with stream as s:
+            async for _ in s:
+                break
+        ended = len(chat_spans(spans))
+        await client.close()
+        return text, ended
+
+    with ScriptedServer(vllm=True) as server:
+        text, ended = asyncio.run(main(server.base_url))
+    assert text == "hello" and ended == 2
+    assert "return_token_ids" not in server.requests[0]
+    for span in chat_spans(spans):
+        assert sc.COMPLETION_TOKEN_IDS not in span.attributes
+        assert span.attributes[sc.GEN_AI_RESPONSE_MODEL] == "m"
+
+
+def test_stream_reasoning_deltas_are_recorded_and_deltas_without_extras_add_none(
+        spans, provider, monkeypatch):
+    from openai.types.chat import ChatCompletionChunk
+
+    from agl_bridge.capture import CaptureLevel
+    from agl_bridge.integrations.openai.request import Call
+    from agl_bridge.integrations.openai.streams import StreamRecorder
+
+    def chunk(delta, finish=None):
+        return ChatCompletionChunk.model_validate({
+            "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    call = Call({"model": "m", "messages": MESSAGES, "stream": True}, CaptureLevel.MESSAGES,
+                "vllm", want_ids=False)
+    recorder = StreamRecorder(provider.get_tracer("t").start_span("chat m"), call)
+    for c in (chunk({"role": "assistant", "reasoning_content": "think "}),
+              chunk({"reasoning": "more", "content": None}),
+              chunk({"content": "42"}),
+              chunk({"content": "", "reasoning_content": None}, finish="stop")):
+        recorder.process(c)
+    recorder.end()
+    (span,) = spans.get_finished_spans()
+    assert json.loads(span.attributes[sc.GEN_AI_OUTPUT_MESSAGES]) == [{
+        "role": "assistant", "finish_reason": "stop", "parts": [
+            {"type": "reasoning", "content": "think more"}, {"type": "text", "content": "42"}]}]
