@@ -84,6 +84,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict | None:
         data = json.loads(state.read_text())
         if "final" in data:
             return data
+    if args.report:
+        return None
     # A budget in rounds is the same training for every arm whatever else the machine runs; a
     # budget in minutes is what a user has, but the machine's load then decides the rounds.
     minutes = 24 * 60 if args.rounds else args.minutes
@@ -169,6 +171,9 @@ def print_table(summary: dict) -> None:
         p, lo, hi = wilson(k, n)
         return f"{p:6.1%} [{lo:.1%}, {hi:.1%}]" if n else "-"
 
+    def role(c: list[int]) -> str:
+        return f"{c[0] / c[1]:.1%} -> {c[2] / c[3]:.1%}" if c[1] and c[3] else "-"
+
     head = (f"{'arm':<14}{'seeds':>6}{'team before':>24}{'team after':>24}"
             f"{'reader before->after':>24}{'solver before->after':>24}{'after - at_grpo':>26}")
     print(head)
@@ -178,8 +183,8 @@ def print_table(summary: dict) -> None:
         diff = s.get("team_after_minus_at_grpo")
         d = f"{diff[0] * 100:+.1f} [{diff[1] * 100:+.1f}, {diff[2] * 100:+.1f}]" if diff else "-"
         print(f"{arm:<14}{s['seeds']:>6}{cell(t[0], t[1]):>24}{cell(t[2], t[3]):>24}"
-              f"{f'{rd[0] / max(rd[1], 1):.1%} -> {rd[2] / max(rd[3], 1):.1%}':>24}"
-              f"{f'{sv[0] / max(sv[1], 1):.1%} -> {sv[2] / max(sv[3], 1):.1%}':>24}{d:>26}")
+              f"{role(rd):>24}"
+              f"{role(sv):>24}{d:>26}")
 
 
 def main() -> None:
@@ -195,6 +200,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="the tiny random model, one round: checks the plumbing, no figures")
     ap.add_argument("--json", help="also write the per-arm figures here")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: the table of the runs already recorded")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "ablation"),
                     help="one small JSON record per finished run, kept (committed) so that a "
                          "later session's table includes it; '' keeps none")
