@@ -27,6 +27,9 @@ from agl_bridge._version import __version__
 from agl_bridge.errors import record_error
 
 _SCOPE_KEY = otel_context.create_key("agl_bridge.scope")
+# the context key the scope is stored under, for span processors that look it up per span
+# (``context.get(SCOPE_CONTEXT_KEY)``: a mapping of SCOPE_ATTRIBUTES keys, or None)
+SCOPE_CONTEXT_KEY: str = _SCOPE_KEY
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 

@@ -126,6 +126,43 @@ def attribute_dict(span: Any) -> Mapping[str, Any]:
     return getattr(span, "attributes", None) or {}
 
 
+def plain_scalars(attributes: Mapping[str, Any]) -> int | None:
+    """The longest string among ``attributes``' values (0 if none) when every value is a plain
+    ``str``, ``bool``, ``int`` or ``float`` under a non-empty ``str`` key; None otherwise. For
+    ``stamp_starting_span``, which checks that length against the span's limit."""
+    longest = 0
+    for key, value in attributes.items():
+        kind = type(value)
+        if kind not in _SCALARS or type(key) is not str or not key:
+            return None
+        if kind is str and len(value) > longest:
+            longest = len(value)
+    return longest
+
+
+def stamp_starting_span(span: trace.Span, stamp: Mapping[str, Any], longest: int | None) -> None:
+    """Add ``stamp``'s attributes that ``span`` does not hold yet, for a span processor's
+    ``on_start``: the SDK calls it before the span is handed to anyone, so no other thread can
+    touch the span and no lock is taken. ``longest`` is ``plain_scalars(stamp)``. When the values
+    are plain scalars within the span's value-length limit, the keys are new and the span has
+    room, the values are exactly what ``set_attributes`` would store, and the whole stamp goes in
+    with one ``dict.update``; anything else takes ``set_scalars`` (locks, limits, checks)."""
+    target = getattr(span, "_attributes", None)
+    if _FAST and longest is not None and type(target) is BoundedAttributes:
+        inner = getattr(target, "_dict", None)
+        if type(inner) is dict and not getattr(target, "_immutable", True) and (
+                target.max_value_len is None or longest <= target.max_value_len):
+            if not inner.keys().isdisjoint(stamp):
+                stamp = {k: v for k, v in stamp.items() if k not in inner}
+            if target.maxlen is None or len(inner) + len(stamp) <= target.maxlen:
+                inner.update(stamp)
+                return
+    present = attribute_dict(span)
+    if not present.keys().isdisjoint(stamp):
+        stamp = {k: v for k, v in stamp.items() if k not in present}
+    set_scalars(span, stamp)
+
+
 def set_scalars(span: trace.Span, attributes: Mapping[str, Any]) -> None:
     """``span.set_attributes(attributes)``, stored without the SDK's per-value checks where every
     value is a plain ``str``, ``bool``, ``int`` or ``float`` (which those checks return

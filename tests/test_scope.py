@@ -141,3 +141,19 @@ def test_set_scalars_stores_what_set_attributes_stores():
     fast.end()
     set_scalars(fast, {"late": 1})  # an ended span: the SDK's own warning, nothing stored
     assert "late" not in fast.attributes
+
+
+def test_scope_stamp_on_a_full_span_keeps_the_sdks_limit():
+    """The stamp's one-update fast path is taken only where the span has room; a span at its
+    attribute-count limit gets what set_attributes would leave (oldest dropped, counted)."""
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+
+    from agl_bridge.otel.attributes import plain_scalars, stamp_starting_span
+
+    tracer = TracerProvider(span_limits=SpanLimits(max_span_attributes=3)).get_tracer("t")
+    stamp = {sc.EPISODE_ID: "e", sc.GEN_AI_AGENT_NAME: "a"}
+    fast, slow = (tracer.start_span(n, attributes={"x": 1, "y": 2}) for n in ("fast", "slow"))
+    stamp_starting_span(fast, stamp, plain_scalars(stamp))
+    slow.set_attributes(stamp)
+    assert dict(fast.attributes) == dict(slow.attributes)
+    assert fast.dropped_attributes == slow.dropped_attributes == 1
