@@ -221,17 +221,21 @@ def _table(spans: list[ReadableSpan]) -> pa.Table:
         "scope_name": _strings([sc.name if sc else None for sc in scopes]),
     }
     resources: dict[int, tuple[str | None, str | None]] = {}
-    service, resource = [], []
-    for s in spans:
-        key = id(s.resource)
+    objects = [s.resource for s in spans]
+    # one resource object for the batch (the usual case: one tracer provider) is read once
+    for obj in (objects[:1] if objects.count(objects[0]) == n else objects):
+        key = id(obj)
         if key not in resources:
-            res = dict(s.resource.attributes) if s.resource else {}
+            res = dict(obj.attributes) if obj else {}
             name = res.get("service.name")
             resources[key] = (name if isinstance(name, str) else None,
                               _json(res) if res else None)
-        name, text = resources[key]
-        service.append(name)
-        resource.append(text)
+    if len(resources) == 1:
+        ((name, text),) = resources.values()
+        service, resource = [name] * n, [text] * n
+    else:
+        pairs = [resources[id(obj)] for obj in objects]
+        service, resource = [p[0] for p in pairs], [p[1] for p in pairs]
     cols["service_name"] = _strings(service)
     cols["resource"] = _strings(resource)
 
@@ -411,6 +415,18 @@ def _validity(values: list[Any]) -> pa.Buffer:
 
 
 def _strings(values: list[str | None]) -> pa.Array:
+    n = len(values)
+    first = values[0] if n else None
+    if n > 1 and values.count(first) == n:  # one value (kinds, models, services): repeated
+        if first is None:
+            return pa.nulls(n, pa.string())
+        if type(first) is str:
+            one = first.encode()
+            size = len(one)
+            offsets = (array("i", range(0, size * n + 1, size)) if size
+                       else array("i", [0]) * (n + 1))
+            return pa.Array.from_buffers(pa.string(), n, [
+                None, pa.py_buffer(offsets), pa.py_buffer(one * n)])
     missing = None in values
     texts = [v if v is not None else "" for v in values] if missing else values
     joined = "".join(texts)  # type: ignore[arg-type]
@@ -421,7 +437,7 @@ def _strings(values: list[str | None]) -> pa.Array:
         encoded = [t.encode() for t in texts]  # type: ignore[union-attr]
         data = b"".join(encoded)
         lengths = list(map(len, encoded))
-    return pa.Array.from_buffers(pa.string(), len(values), [
+    return pa.Array.from_buffers(pa.string(), n, [
         _validity(values) if missing else None, _offsets(lengths), pa.py_buffer(data)])
 
 

@@ -123,3 +123,25 @@ def test_a_usual_batch_takes_no_span_by_span_path(monkeypatch):
     for name in ("_groups", "_reference", "_invalid"):
         monkeypatch.setattr(span_columns, name, lambda *a, n=name: pytest.fail(f"{n} called"))
     _same(spans_to_tables(spans).tables, want)
+
+
+@pytest.mark.parametrize("value", ["", "é✓", "team@v3", None])
+def test_a_column_of_one_repeated_value(value):
+    spans = _spans(**({sc.EPISODE_ID: value, sc.AGENT_ROLE: value} if value is not None else {}))
+    for s in spans:
+        s._status = s._status.__class__(s._status.status_code, value)
+    _same(spans_to_tables(spans).tables, _reference(spans))
+
+
+def test_one_repeated_value_no_column_can_hold_is_quarantined():
+    spans = _spans(**{sc.EPISODE_ID: "\ud800"})
+    made = spans_to_tables(spans)
+    assert len(made.bad) == len(spans) and "surrogates not allowed" in made.bad[0][1]
+
+
+def test_one_resource_object_and_equal_resource_objects():
+    res = Resource.create({"service.name": "team", "k": "v"})
+    spans = _finished(lambda t: [t.start_span("x").end() for _ in range(3)], res)
+    spans += _finished(lambda t: [t.start_span("y").end() for _ in range(2)],
+                       Resource.create({"service.name": "team", "k": "v"}))
+    _same(spans_to_tables(spans).tables, _reference(spans))
