@@ -31,10 +31,12 @@ import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
 
 from agl_bridge.otel.attributes import FloatList, IntList, attribute_dict
 from agl_bridge.otel.rows import (
@@ -50,9 +52,21 @@ from agl_bridge.otel.rows import (
 from agl_bridge.schema import PROMOTED_ATTRIBUTES, SPAN_SCHEMA
 
 _NONE = type(None)
-# one encoder for every call: json.dumps with arguments builds a new one each time
-_json = json.JSONEncoder(separators=(",", ":")).encode
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_json_c = None if c_make_encoder is None else c_make_encoder(
+    # no circular check (attribute values are not containers of themselves; a circular one
+    # raises RecursionError here, and the batch goes to the reference path, which says so)
+    None, _ENCODER.default, encode_basestring_ascii, None, ":", ",", False, False, True)
+
+
+def _json(obj: Any) -> str:
+    """``json.dumps(obj, separators=(",", ":"))``: the C encoder called directly, not built
+    anew on every call as ``JSONEncoder.encode`` builds it."""
+    if _json_c is None or type(obj) is str:  # pragma: no cover - CPython has the C encoder
+        return _ENCODER.encode(obj)
+    return "".join(_json_c(obj, 0))
 _DAY_NS = 86_400 * 10**9
+_TO_BYTES: Any = int.to_bytes  # (id, width, "big")
 
 
 @dataclass
@@ -67,13 +81,77 @@ def spans_to_tables(spans: Sequence[ReadableSpan]) -> SpanTables:
     """The batch as one table per partition (``rows.partition_of``), and the spans no row can
     hold, each with the reason, for the caller to quarantine."""
     out = SpanTables()
+    spans = list(spans)
+    partition = _one_partition(spans)
+    if partition is not None:  # the usual batch: every span valid, one day, one resource
+        groups = {partition: spans}
+    else:
+        groups = _groups(spans, out.bad)
+    for partition, group in groups.items():
+        try:
+            out.tables[partition] = _table(group)
+        except Exception:  # never a wrong table: the reference path, span by span
+            table, bad = _reference(group)
+            if table is not None:
+                out.tables[partition] = table
+            out.bad.extend(bad)
+    return out
+
+
+def _one_partition(spans: list[ReadableSpan]) -> str | None:
+    """The partition of every span in ``spans`` when they are all valid (``_invalid`` says
+    None for each), share one resource object and start on one UTC day; None otherwise.
+    Checks over whole columns (types as a set, min and max in C), not span by span."""
+    if not spans:
+        return None
+    try:
+        if set(map(type, [s.name for s in spans])) != {str}:
+            return None
+        ctxs = [s.context for s in spans]
+        if _NONE in set(map(type, ctxs)):
+            return None
+        trace_ids = [c.trace_id for c in ctxs]
+        span_ids = [c.span_id for c in ctxs]
+        if not (0 < min(trace_ids) and max(trace_ids) < 2**128
+                and 0 < min(span_ids) and max(span_ids) < 2**64):
+            return None
+        starts: list[Any] = [s.start_time for s in spans]
+        ends = [s.end_time for s in spans]
+        if set(map(type, starts)) != {int} or not _int64_column(ends):
+            return None  # a span without a start goes where "now" puts it: span by span
+        first, last = min(starts), max(starts)
+        # a start of 0 counts as none ("now"), as in partition_of
+        if not (0 < first and last <= _INT64_MAX) or first // _DAY_NS != last // _DAY_NS:
+            return None
+        resource = spans[0].resource
+        if any(s.resource is not resource for s in spans):
+            return None
+    except TypeError:  # values that do not compare: span by span says which
+        return None
+    name = resource.attributes.get("service.name") if resource is not None else None
+    return partition_of(first, name if isinstance(name, str) else None)
+
+
+def _int64_column(values: list[Any]) -> bool:
+    kinds = set(map(type, values))
+    if kinds == {_NONE}:
+        return True
+    if not kinds <= {int, _NONE}:
+        return False
+    present = [v for v in values if v is not None] if _NONE in kinds else values
+    return _INT64_MIN <= min(present) and max(present) <= _INT64_MAX
+
+
+def _groups(spans: list[ReadableSpan], bad: list[tuple[ReadableSpan, str]]
+            ) -> dict[str, list[ReadableSpan]]:
+    """Spans by partition, span by span; the invalid ones go to ``bad`` with the reason."""
     groups: dict[str, list[ReadableSpan]] = {}
     services: dict[int, str | None] = {}
     partitions: dict[tuple[int, int], str] = {}  # (UTC day, resource) -> partition
     for span in spans:
         why = _invalid(span)
         if why is not None:
-            out.bad.append((span, why))
+            bad.append((span, why))
             continue
         resource = span.resource
         rid = id(resource)
@@ -86,15 +164,7 @@ def spans_to_tables(spans: Sequence[ReadableSpan]) -> SpanTables:
         if partition is None:
             partition = partitions[key] = partition_of(start, services[rid])
         groups.setdefault(partition, []).append(span)
-    for partition, group in groups.items():
-        try:
-            out.tables[partition] = _table(group)
-        except Exception:  # never a wrong table: the reference path, span by span
-            table, bad = _reference(group)
-            if table is not None:
-                out.tables[partition] = table
-            out.bad.extend(bad)
-    return out
+    return groups
 
 
 def _invalid(span: ReadableSpan) -> str | None:
@@ -135,49 +205,54 @@ def _table(spans: list[ReadableSpan]) -> pa.Table:
     n = len(spans)
     attrs = [_attributes(s) for s in spans]
     ctxs = [s.context for s in spans]
+    parents = [s.parent for s in spans]
+    statuses = [s.status for s in spans]
+    scopes = [s.instrumentation_scope for s in spans]
     cols: dict[str, pa.Array] = {
-        "trace_id": _strings([f"{c.trace_id:032x}" for c in ctxs]),
-        "span_id": _strings([f"{c.span_id:016x}" for c in ctxs]),
-        "parent_span_id": _strings([f"{s.parent.span_id:016x}" if s.parent else None
-                                    for s in spans]),
+        "trace_id": _hex_column([c.trace_id for c in ctxs], 16),
+        "span_id": _hex_column([c.span_id for c in ctxs], 8),
+        "parent_span_id": _hex_column([p.span_id if p else None for p in parents], 8),
         "name": _strings([s.name for s in spans]),
-        "kind": _strings([s.kind.name for s in spans]),
+        "kind": _strings(_names([s.kind for s in spans])),
         "start_time_unix_nano": _int64s([s.start_time for s in spans]),
         "end_time_unix_nano": _int64s([s.end_time for s in spans]),
-        "status_code": _strings([s.status.status_code.name for s in spans]),
-        "status_message": _strings([s.status.description or None for s in spans]),
-        "scope_name": _strings([s.instrumentation_scope.name if s.instrumentation_scope
-                                else None for s in spans]),
+        "status_code": _strings(_names([st.status_code for st in statuses])),
+        "status_message": _strings([st.description or None for st in statuses]),
+        "scope_name": _strings([sc.name if sc else None for sc in scopes]),
     }
     resources: dict[int, tuple[str | None, str | None]] = {}
-    service, resource = [], []
-    for s in spans:
-        key = id(s.resource)
+    objects = [s.resource for s in spans]
+    # one resource object for the batch (the usual case: one tracer provider) is read once
+    for obj in (objects[:1] if objects.count(objects[0]) == n else objects):
+        key = id(obj)
         if key not in resources:
-            res = dict(s.resource.attributes) if s.resource else {}
+            res = dict(obj.attributes) if obj else {}
             name = res.get("service.name")
             resources[key] = (name if isinstance(name, str) else None,
                               _json(res) if res else None)
-        name, text = resources[key]
-        service.append(name)
-        resource.append(text)
+    if len(resources) == 1:
+        ((name, text),) = resources.values()
+        service, resource = [name] * n, [text] * n
+    else:
+        pairs = [resources[id(obj)] for obj in objects]
+        service, resource = [p[0] for p in pairs], [p[1] for p in pairs]
     cols["service_name"] = _strings(service)
     cols["resource"] = _strings(resource)
 
     # promoted attributes: a column that took every value given leaves its key out of every
     # span's JSON (``whole``); one that took only some records which, span by span (``some``)
     given = set().union(*attrs)
-    whole: set[str] = set()
+    whole: list[str] = []
     some: list[list[str]] = [[] for _ in range(n)]
     for attr, (col, typ) in PROMOTED_ATTRIBUTES.items():
         if attr not in given:
             cols[col] = pa.nulls(n, typ)
             continue
-        values = [a.get(attr) for a in attrs]
+        values = list(map(dict.get, attrs, itertools.repeat(attr)))
         array, taken = _promoted(values, typ)
         cols[col] = array
         if taken is None:
-            whole.add(attr)
+            whole.append(attr)
         else:
             for i in taken:
                 some[i].append(attr)
@@ -190,6 +265,38 @@ def _table(spans: list[ReadableSpan]) -> pa.Table:
     return pa.Table.from_arrays([cols[f.name] for f in SPAN_SCHEMA], schema=SPAN_SCHEMA)
 
 
+def _hex_column(ids: list[Any], width: int) -> pa.Array:
+    """Ids as lowercase hex of ``2 * width`` digits (``f"{id:0{2 * width}x}"``, None as null):
+    packed big-endian into one buffer and hexed by one ``bytes.hex``. Raises on an id that is
+    not an int in range (the caller then takes the reference path, which formats it as is)."""
+    missing = None in ids
+    present = [i if i is not None else 0 for i in ids] if missing else ids
+    if set(map(type, present)) != {int}:
+        raise TypeError("ids that are not ints")
+    if width == 8:
+        packed = struct.pack(f">{len(present)}Q", *present)
+    else:
+        packed = b"".join(map(_TO_BYTES, present, itertools.repeat(width),
+                                itertools.repeat("big")))
+    digits = 2 * width
+    return pa.Array.from_buffers(pa.string(), len(ids), [
+        _validity(ids) if missing else None,
+        pa.py_buffer(array("i", range(0, digits * len(ids) + 1, digits))),
+        pa.py_buffer(packed.hex().encode("ascii"))])
+
+
+# the names of the SDK's own enum members; anything else is asked its name every time
+_ENUM_NAMES: dict[Any, str] = {m: m.name for m in (*SpanKind, *StatusCode)}
+
+
+def _names(members: list[Any]) -> list[str | None]:
+    """``member.name`` of each member, looked up for the SDK's span kinds and status codes."""
+    try:
+        return list(map(_ENUM_NAMES.__getitem__, members))
+    except (KeyError, TypeError):
+        return [m.name for m in members]
+
+
 def _attributes(span: ReadableSpan) -> dict[str, Any]:
     """A finished span's attributes as a plain dict, not copied where the SDK's own dict can be
     read (``attributes.attribute_dict``: no Python-level lookup per key)."""
@@ -197,18 +304,15 @@ def _attributes(span: ReadableSpan) -> dict[str, Any]:
     return attrs if type(attrs) is dict else dict(attrs)
 
 
-def _rest_json(attrs: dict[str, Any], whole: set[str], some: list[str]) -> str | None:
+def _rest_json(attrs: dict[str, Any], whole: list[str], some: list[str]) -> str | None:
     """The JSON of the attributes no column took."""
     if not attrs:
         return None
-    # a key given as None stays (as null), as build_row leaves it
-    drop = [k for k in attrs.keys() & whole if attrs[k] is not None]
-    if some:
-        drop.extend(some)
-    if not drop:
-        return _json(attrs)
     rest = attrs.copy()
-    for k in drop:
+    for k in whole:  # a key given as None stays (as null), as build_row leaves it
+        if rest.get(k) is not None:
+            del rest[k]
+    for k in some:
         del rest[k]
     return _json(rest) if rest else None
 
@@ -311,6 +415,18 @@ def _validity(values: list[Any]) -> pa.Buffer:
 
 
 def _strings(values: list[str | None]) -> pa.Array:
+    n = len(values)
+    first = values[0] if n else None
+    if n > 1 and values.count(first) == n:  # one value (kinds, models, services): repeated
+        if first is None:
+            return pa.nulls(n, pa.string())
+        if type(first) is str:
+            one = first.encode()
+            size = len(one)
+            offsets = (array("i", range(0, size * n + 1, size)) if size
+                       else array("i", [0]) * (n + 1))
+            return pa.Array.from_buffers(pa.string(), n, [
+                None, pa.py_buffer(offsets), pa.py_buffer(one * n)])
     missing = None in values
     texts = [v if v is not None else "" for v in values] if missing else values
     joined = "".join(texts)  # type: ignore[arg-type]
@@ -321,7 +437,7 @@ def _strings(values: list[str | None]) -> pa.Array:
         encoded = [t.encode() for t in texts]  # type: ignore[union-attr]
         data = b"".join(encoded)
         lengths = list(map(len, encoded))
-    return pa.Array.from_buffers(pa.string(), len(values), [
+    return pa.Array.from_buffers(pa.string(), n, [
         _validity(values) if missing else None, _offsets(lengths), pa.py_buffer(data)])
 
 
