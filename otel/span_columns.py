@@ -53,10 +53,14 @@ from agl_bridge.schema import PROMOTED_ATTRIBUTES, SPAN_SCHEMA
 
 _NONE = type(None)
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
-_json_c = None if c_make_encoder is None else c_make_encoder(
-    # no circular check (attribute values are not containers of themselves; a circular one
-    # raises RecursionError here, and the batch goes to the reference path, which says so)
-    None, _ENCODER.default, encode_basestring_ascii, None, ":", ",", False, False, True)
+try:  # a private constructor: another Python may take other arguments, then encode() it is
+    _json_c = None if c_make_encoder is None else c_make_encoder(
+        # no circular check (attribute values are not containers of themselves; a circular
+        # one raises RecursionError here, and the batch goes to the reference path, which
+        # says so)
+        None, _ENCODER.default, encode_basestring_ascii, None, ":", ",", False, False, True)
+except TypeError:  # pragma: no cover
+    _json_c = None
 
 
 def _json(obj: Any) -> str:
