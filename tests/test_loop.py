@@ -65,6 +65,20 @@ def test_the_gate_refuses_a_worse_candidate_and_publishes_a_good_one(tmp_path, t
     assert data["final"]["score"] == 1.0 and data["baseline"]["score"] == 1.0
 
 
+def test_a_shared_policy_is_published_to_every_agent_and_trained_on(tmp_path, tiny):
+    """policy="shared" trains one adapter (``policy``): each agent serves it under its own
+    alias, and the next round continues it (it was published to no agent, and the team stayed
+    on the base model)."""
+    with server_for(bad=set()) as server:
+        data = Loop(setup(tmp_path, tiny, server, policy="shared")).run()
+    r0, r1 = data["rounds"]
+    assert r0["adapters"] == {"policy": str(tmp_path / "loop" / "adapters" / "policy" / "v0001")}
+    assert r0["published"] == {"solver": "solver@v1"}
+    assert r1["published"] == {"solver": "solver@v2"} and data["live"] == {"solver": "solver@v2"}
+    assert (tmp_path / "loop" / "adapters" / "policy" / "v0002").is_dir()
+    assert "solver@v2" in server.adapters
+
+
 def test_the_watch_rolls_back_a_version_whose_live_reward_dropped(tmp_path, tiny):
     # the gate is off; v1 goes live, then answers wrongly in the rollouts it serves
     with server_for(bad={"solver@v1"}) as server:

@@ -86,6 +86,9 @@ def episode_versions(transitions: Path) -> dict[str, list[float]]:
     return out
 
 
+SHARED_ADAPTER = "policy"  # the adapter a shared policy trains (train_from_traces' adapter_name)
+
+
 class Loop:
     """One loop over a workdir (``LoopConfig``); ``run()`` returns the state's data."""
 
@@ -190,7 +193,17 @@ class Loop:
 
     def _adapter_dir(self, alias: str, name: str) -> Path:
         number = int(name.rsplit("@v", 1)[1])
-        return self.work / "adapters" / alias / f"v{number:04d}"
+        owner = SHARED_ADAPTER if self.cfg.policy == "shared" else alias
+        return self.work / "adapters" / owner / f"v{number:04d}"
+
+    def _agent_adapters(self, adapters: dict[str, str]) -> dict[str, str]:
+        """Agent -> adapter directory to gate and publish. A shared policy trains one adapter
+        (``SHARED_ADAPTER``) that every trained agent serves under its own alias; it was
+        published to none, so that arm's team stayed on the base model."""
+        if self.cfg.policy != "shared" or SHARED_ADAPTER not in adapters:
+            return adapters
+        agents = self.cfg.train_agents or list(self.data["live"])
+        return {a: adapters[SHARED_ADAPTER] for a in agents}
 
     # -- one round ---------------------------------------------------------------------------
     def _round(self, r: int) -> bool:
@@ -211,9 +224,10 @@ class Loop:
                 self.hooks["after_train"](self)
         if trained is not None:
             self._watch(record, Path(trained["transitions_path"]))
-            decision = self._gate(r, rdir, trained["adapters"], record)
+            adapters = self._agent_adapters(trained["adapters"])
+            decision = self._gate(r, rdir, adapters, record)
             if decision:
-                self._publish(r, trained["adapters"], record)
+                self._publish(r, adapters, record)
         record["seconds"] = time.perf_counter() - t0
         record["live_after"] = dict(self.data["live"])
         if "round" in self.hooks:
@@ -393,7 +407,8 @@ class Loop:
 
         cfg = self.cfg
         init: dict[str, str | os.PathLike[str]] = {
-            a: str(self._adapter_dir(a, v)) for a, v in self.data["live"].items() if v != BASE}
+            SHARED_ADAPTER if cfg.policy == "shared" else a: str(self._adapter_dir(a, v))
+            for a, v in self.data["live"].items() if v != BASE}
         log(f"round {r}: training from {len(sources)} source(s) ...")
         with self.state.timed("convert + train"):
             try:
