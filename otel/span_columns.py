@@ -312,11 +312,15 @@ def _rest_json(attrs: dict[str, Any], whole: list[str], some: list[str]) -> str 
     """The JSON of the attributes no column took."""
     if not attrs:
         return None
-    rest = attrs.copy()
+    rest = attrs  # copied only when a key goes (most spans hold no promoted attribute)
     for k in whole:  # a key given as None stays (as null), as build_row leaves it
         if rest.get(k) is not None:
+            if rest is attrs:
+                rest = attrs.copy()
             del rest[k]
     for k in some:
+        if rest is attrs:
+            rest = attrs.copy()
         del rest[k]
     return _json(rest) if rest else None
 
