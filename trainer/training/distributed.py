@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -17,7 +18,20 @@ def world_and_rank() -> tuple[int, int]:
         return 1, 0
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(_end_process_group)
     return dist.get_world_size(), dist.get_rank()
+
+
+def _end_process_group() -> None:
+    """Destroy the group this module started while the interpreter is whole. Left to
+    interpreter finalization, gloo's worker threads may free tensors that still hold Python
+    references after the GIL is gone, and the process dies of SIGABRT after its work is done
+    (seen once in CI on a rank that had finished; pytorch/pytorch#179291). A caller that
+    destroyed it already is left alone."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
