@@ -95,6 +95,27 @@ def test_per_agent_normalisation_uses_each_agents_own_statistics():
     assert stats.groups == 2
 
 
+def test_with_one_turn_per_agent_per_agent_normalisation_is_at_grpo():
+    """Dr. MAS's groups keep the agent and drop the turn; when every agent acts once per
+    episode (the relay team) they hold the same transitions as AT-GRPO's (task, agent, turn)
+    groups, so the advantages are the same: ``credit_ablation.py``'s ``dr_mas`` arm is a
+    replicate of ``at_grpo`` on that task, not another algorithm."""
+    rows = []
+    for e, (ra, rb) in enumerate([(1.0, 10.0), (0.0, 30.0), (0.5, 0.0)]):
+        rows.append(llm(f"e{e}", 0, task="t", agent="a", turn=0, prompt=[e]))
+        rows.append(llm(f"e{e}", 1, task="t", agent="b", turn=1, prompt=[e, 7]))
+        rows += [reward(f"e{e}", 5, ra, scope="agent", agent="a"),
+                 reward(f"e{e}", 6, rb, scope="agent", agent="b")]
+    at_grpo, _ = spans_to_transitions(table(rows))
+    dr_mas, _ = spans_to_transitions(table(rows), ConvertConfig(per_agent_advantages=True))
+
+    def advantages(out):
+        return {(t["episode_id"], t["agent_name"]): t["advantage"] for t in out.to_pylist()}
+
+    assert advantages(dr_mas) == pytest.approx(advantages(at_grpo))
+    assert len(set(advantages(at_grpo).values())) > 2  # not all zero: the groups had variance
+
+
 def test_batch_through_files_equals_in_memory(tmp_path):
     rows = live([float(i % 3) for i in range(40)])
     (tmp_path / "spans").mkdir()
