@@ -59,6 +59,9 @@ class Take:
         choices = data.get("choices")
         if type(choices) is not list:
             return
+        if call.stream:
+            self._absorb_chunk(data, choices, call)
+            return
         prompt = completion = content = None
         if call.ids and (call.stream or not self.absorbed):  # a response's first parse only
             prompt = data.get("prompt_token_ids")
@@ -112,6 +115,50 @@ class Take:
             for choice in choices:
                 if type(choice) is dict and choice.get("logprobs") is not None:
                     choice["logprobs"] = None
+
+
+    def _absorb_chunk(self, data: dict[str, Any], choices: list[Any], call: Call) -> None:
+        """``absorb`` for one stream chunk, its hot path: a stream has one per token, so this
+        reads and resets in one pass over the choices what ``absorb`` reads in several (same
+        reads, same resets, same order: nothing changes before the reading succeeded)."""
+        prompt = completion = content = None
+        if call.ids:
+            if self.prompt_ids is None:
+                prompt = data.get("prompt_token_ids")
+                if type(prompt) is not list:
+                    prompt = None
+            for choice in choices:
+                if type(choice) is dict and choice.get("index", 0) == 0:
+                    completion = choice.get("token_ids")
+                    if type(completion) is not list:
+                        completion = None
+                    lp = choice.get("logprobs")
+                    if type(lp) is dict:
+                        entries = lp.get("content")
+                        if entries:
+                            content = ([float(entries[0]["logprob"])] if len(entries) == 1
+                                       else [float(entry["logprob"]) for entry in entries])
+                    break
+        if prompt is not None:
+            self.prompt_ids = prompt
+        if completion is not None:
+            if self.completion_ids is None:
+                self.completion_ids = list(completion)
+            else:
+                self.completion_ids.extend(completion)
+        if content:
+            self.logprobs.extend(content)
+        self.absorbed += 1
+        ids, logprobs = call.injected_ids, call.injected_logprobs
+        if ids and data.get("prompt_token_ids") is not None:
+            data["prompt_token_ids"] = None
+        if ids or logprobs:
+            for choice in choices:
+                if type(choice) is dict:
+                    if ids and choice.get("token_ids") is not None:
+                        choice["token_ids"] = None
+                    if logprobs and choice.get("logprobs") is not None:
+                        choice["logprobs"] = None
 
 
 def activate(take: Take) -> Token[Take | None]:

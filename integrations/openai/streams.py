@@ -35,6 +35,8 @@ from .utils import extra
 
 logger = logging.getLogger(__name__)
 
+_activate, _deactivate = raw._active.set, raw._active.reset  # per chunk: bound once
+
 
 class StreamRecorder:
     """Accumulates a stream's chunks and ends its span exactly once."""
@@ -184,7 +186,7 @@ class StreamProxy(_EndsWhenCollected, ObjectProxy):
         take = recorder.call.take
         if take is not None:
             before = take.absorbed
-            token = raw.activate(take)
+            token = _activate(take)  # raw.activate, without a Python call a chunk
         try:
             chunk = self.__wrapped__.__next__()
         except StopIteration:
@@ -195,7 +197,7 @@ class StreamProxy(_EndsWhenCollected, ObjectProxy):
             raise
         finally:
             if take is not None:
-                raw.deactivate(token)
+                _deactivate(token)
         recorder.process(chunk, take is not None and take.absorbed != before)
         return chunk
 
@@ -227,7 +229,7 @@ class AsyncStreamProxy(_EndsWhenCollected, ObjectProxy):
         take = recorder.call.take
         if take is not None:
             before = take.absorbed
-            token = raw.activate(take)
+            token = _activate(take)  # raw.activate, without a Python call a chunk
         try:
             chunk = await self.__wrapped__.__anext__()
         except StopAsyncIteration:
@@ -238,7 +240,7 @@ class AsyncStreamProxy(_EndsWhenCollected, ObjectProxy):
             raise
         finally:
             if take is not None:
-                raw.deactivate(token)
+                _deactivate(token)
         recorder.process(chunk, take is not None and take.absorbed != before)
         return chunk
 

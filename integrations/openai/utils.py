@@ -25,8 +25,14 @@ def get(obj: Any, key: str, default: Any = None) -> Any:
 
 
 def extra(model: Any) -> dict[str, Any]:
-    """Fields the SDK's pydantic model does not declare (vLLM's ``token_ids`` and friends)."""
-    return getattr(model, "model_extra", None) or {}
+    """Fields the SDK's pydantic model does not declare (vLLM's ``token_ids`` and friends).
+
+    Pydantic 2's own slot first: ``model_extra`` is a property returning it, a Python call that
+    a stream pays per chunk."""
+    fields = getattr(model, "__pydantic_extra__", None)
+    if fields is None:
+        fields = getattr(model, "model_extra", None)
+    return fields or {}
 
 
 def to_json(value: Any) -> str:
