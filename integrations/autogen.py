@@ -35,6 +35,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
@@ -44,7 +45,7 @@ from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 from agl_bridge.errors import record_error
 from agl_bridge.otel.attributes import set_scalars
-from agl_bridge.scope import current_scope, scope_stamp, scoped
+from agl_bridge.scope import attach_context, current_scope, scope_stamp, scoped
 
 logger = logging.getLogger(__name__)
 
@@ -257,17 +258,25 @@ class AutoGenInstrumentor(BaseInstrumentor):
                     tracer_of().start_span(sc.SPAN_HANDOFF, attributes={
                         **stamp, sc.HANDOFF_FROM: getattr(last, "source", ""),
                         sc.COORDINATION_AGENT: getattr(last, "target", "")}).end()
-                with tracer_of().start_as_current_span(sc.SPAN_SELECT_SPEAKER, attributes={
-                        **stamp, sc.COORDINATION_STRATEGY: strategy},
-                        record_exception=False, set_status_on_exception=False) as span:
+                # what start_as_current_span(record_exception=False,
+                # set_status_on_exception=False) does, without its two generator frames
+                span = tracer_of().start_span(sc.SPAN_SELECT_SPEAKER, attributes={
+                    **stamp, sc.COORDINATION_STRATEGY: strategy},
+                    record_exception=False, set_status_on_exception=False)
+                try:
+                    token = attach_context(trace.set_span_in_context(span))
                     try:
                         chosen = await wrapped(*args, **kwargs)
                     except Exception as exc:  # the selector's LLM call failed, say
                         record_error(span, exc)
                         raise
+                    finally:
+                        otel_context.detach(token)
                     speakers = [chosen] if isinstance(chosen, str) else list(chosen or [])
                     span.set_attribute(sc.COORDINATION_SPEAKERS, speakers)
                     return chosen
+                finally:
+                    span.end()
         return select_speaker
 
     async def _termination(self, wrapped, instance, args, kwargs):

@@ -276,8 +276,11 @@ def _handler_class():
 def _inject(handler):
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
-        if not any(isinstance(h, AglCallbackHandler) for h in instance.inheritable_handlers):
-            instance.add_handler(handler, inherit=True)
+        # a loop, not any() over a generator: this runs for every callback manager made
+        for h in instance.inheritable_handlers:
+            if isinstance(h, AglCallbackHandler):
+                return result
+        instance.add_handler(handler, inherit=True)
         return result
     return wrapper
 
