@@ -21,7 +21,7 @@ defaults). Usage::
     AGL_CALLGRIND_PATCH=benchmarks/callgrind_zones.py AGL_CALLGRIND_KEEP=/tmp/cg \
         .venv/bin/python benchmarks/integration_callgrind.py --frameworks autogen --modes full
     callgrind_annotate --inclusive=yes /tmp/cg/autogen-full.out | grep -E \
-        '_operator_call |partial_vectorcall |lru_cache_wrapper |starmap_next |methodcaller_call '
+        ':_operator_call |partial_vectorcall |uncached_lru|starmap_next |methodcaller_call '
 
 The wrappers add work outside the zones, so the step's total is not the plain run's.
 """
