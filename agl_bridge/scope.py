@@ -14,12 +14,13 @@ import contextlib
 import math
 import numbers
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from agl_bridge import _lazy
 from agl_bridge import semconv as sc
@@ -33,6 +34,78 @@ SCOPE_CONTEXT_KEY: str = _SCOPE_KEY
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
+def _context_var() -> Any:
+    """The ContextVar behind OpenTelemetry's current context when the runtime context is the
+    default ``contextvars`` one (then reading and attaching need not go through its API's two
+    Python frames per call); None otherwise."""
+    try:
+        from opentelemetry.context import _RUNTIME_CONTEXT
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    except ImportError:  # pragma: no cover - another API release
+        return None
+    if type(_RUNTIME_CONTEXT) is ContextVarsRuntimeContext:
+        return getattr(_RUNTIME_CONTEXT, "_current_context", None)
+    return None  # pragma: no cover - OTEL_PYTHON_CONTEXT names another runtime context
+
+
+_VAR = _context_var()
+# the current OpenTelemetry context, and attaching one: what otel_context.get_current and
+# otel_context.attach do, without their Python frames when the runtime is the contextvars one
+get_context: Callable[[], Context] = _VAR.get if _VAR is not None else otel_context.get_current
+attach_context: Callable[[Context], Any] = (_VAR.set if _VAR is not None
+                                            else otel_context.attach)
+
+# id(scope) -> (scope, its span attributes, plain_scalars of them), for the scopes seen last. A
+# scope is an immutable mapping made once per ``scoped`` block (or callback run) and then read
+# by every span started in it: its attributes are made once, not per span. The scope is held,
+# so its id is not reused while it is here; the dict is replaced whole when full, and a lost
+# insert from a race only costs a recomputation, so threads need no lock.
+_STAMPS: dict[int, tuple[Mapping[str, Any], dict[str, Any], int | None]] = {}
+_KEEP = 64  # a team step switches between a handful
+
+
+def scope_stamp(scope: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any], int | None]:
+    """``(scope, its span attributes, plain_scalars(attributes))``, kept for the last scopes
+    seen. The attribute dict is shared: never modify it."""
+    kept = _STAMPS.get(id(scope))
+    if kept is not None and kept[0] is scope:
+        return kept
+    plain = _plain_scalars or _load_plain_scalars()
+    attributes = {sc.SCOPE_ATTRIBUTES[k]: v for k, v in scope.items()}
+    kept = (scope, attributes, plain(attributes))
+    stamps = _STAMPS
+    if len(stamps) >= _KEEP:
+        stamps.clear()
+    stamps[id(scope)] = kept
+    return kept
+
+
+_plain_scalars: Callable[[Mapping[str, Any]], int | None] | None = None
+
+
+def _load_plain_scalars() -> Callable[[Mapping[str, Any]], int | None]:
+    """``attributes.plain_scalars``, imported on first use (it imports the SDK, which
+    ``import agl_bridge`` does not)."""
+    global _plain_scalars
+    from agl_bridge.otel.attributes import plain_scalars
+
+    _plain_scalars = plain_scalars
+    return plain_scalars
+
+
+def _merged(base: object, scope: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The scope ``base`` (a stored scope or None) with ``scope``'s keys that are not None."""
+    add = {k: v for k, v in scope.items() if v is not None}
+    return MappingProxyType({**base, **add} if base else add)  # type: ignore[dict-item]
+
+
+def _with_scope(ctx: Context, merged: Mapping[str, Any]) -> Context:
+    """What ``otel_context.set_value(_SCOPE_KEY, merged, ctx)`` returns."""
+    values = ctx.copy()
+    values[_SCOPE_KEY] = merged
+    return Context(values)
+
+
 def tracer() -> trace.Tracer:
     """Our tracer on the global provider (a proxy until one is set, so import order is free)."""
     _lazy.ensure()
@@ -41,7 +114,7 @@ def tracer() -> trace.Tracer:
 
 def current_scope() -> Mapping[str, Any]:
     """The scope in force here: keys of ``semconv.SCOPE_ATTRIBUTES`` that are set."""
-    return _scope(otel_context.get_value(_SCOPE_KEY))
+    return cast(Mapping[str, Any], get_context().get(_SCOPE_KEY) or _EMPTY)
 
 
 def _scope(value: object) -> Mapping[str, Any]:
@@ -50,8 +123,20 @@ def _scope(value: object) -> Mapping[str, Any]:
 
 
 def scope_attributes() -> dict[str, Any]:
-    """The current scope as span attributes."""
-    return {sc.SCOPE_ATTRIBUTES[k]: v for k, v in current_scope().items()}
+    """The current scope as span attributes (a new dict each call)."""
+    return scope_attributes_of(get_context().get(_SCOPE_KEY))
+
+
+def scope_attributes_of(scope: Any) -> dict[str, Any]:
+    """A stored scope (or None) as span attributes (a new dict each call): a copy of the kept
+    ones when the scope has been stamped on a span (``scope_stamp``), else made here (a scope
+    that only our own spans read is not kept)."""
+    if not scope:
+        return {}
+    kept = _STAMPS.get(id(scope))
+    if kept is not None and kept[0] is scope:
+        return dict(kept[1])
+    return {sc.SCOPE_ATTRIBUTES[k]: v for k, v in scope.items()}
 
 
 def context_with_scope(ctx: otel_context.Context | None = None, **scope: Any
@@ -61,25 +146,38 @@ def context_with_scope(ctx: otel_context.Context | None = None, **scope: Any
     For integrations that see a framework's start and end callbacks instead of a block of code:
     they ``attach`` the returned context at start and ``detach`` it at the end.
     """
-    base = _scope(otel_context.get_value(_SCOPE_KEY, ctx))
-    merged = MappingProxyType({**base, **{k: v for k, v in scope.items() if v is not None}})
-    return otel_context.set_value(_SCOPE_KEY, merged, ctx)
+    if ctx is None:
+        ctx = get_context()
+    return _with_scope(ctx, _merged(ctx.get(_SCOPE_KEY), scope))
 
 
 def scope_of(ctx: otel_context.Context) -> Mapping[str, Any]:
     return _scope(otel_context.get_value(_SCOPE_KEY, ctx))
 
 
-@contextlib.contextmanager
-def scoped(**scope: Any) -> Iterator[Mapping[str, Any]]:
-    """Add keys of ``semconv.SCOPE_ATTRIBUTES`` to the scope for the block (None = unchanged)."""
-    merged = MappingProxyType({**current_scope(),
-                               **{k: v for k, v in scope.items() if v is not None}})
-    token = otel_context.attach(otel_context.set_value(_SCOPE_KEY, merged))
-    try:
-        yield merged
-    finally:
-        _detach(token)
+class scoped:  # used as a function: ``with scoped(...) as merged``
+    """Add keys of ``semconv.SCOPE_ATTRIBUTES`` to the scope for the block (None = unchanged).
+
+    ``with scoped(agent_name=...) as merged``: ``merged`` is the scope in force in the block. A
+    class rather than a generator context manager: integrations enter one per agent turn and
+    speaker selection, and this is the whole of what it does (one context copied and
+    attached, then detached).
+    """
+
+    __slots__ = ("_scope", "_token")
+
+    def __init__(self, **scope: Any) -> None:
+        self._scope = scope
+        self._token: Any = None
+
+    def __enter__(self) -> Mapping[str, Any]:
+        ctx = get_context()
+        merged = _merged(ctx.get(_SCOPE_KEY), self._scope)
+        self._token = attach_context(_with_scope(ctx, merged))
+        return merged
+
+    def __exit__(self, *exc_info: object) -> None:
+        _detach(self._token)
 
 
 def _detach(token: Any) -> None:
@@ -100,7 +198,7 @@ def _scoped(span_name: str, extra_attributes: Mapping[str, Any], **scope: Any) -
     (``record_error``), not by OpenTelemetry's defaults, which keep it all at every level.
     """
     with scoped(**scope) as merged:
-        attributes = {sc.SCOPE_ATTRIBUTES[k]: v for k, v in merged.items()}
+        attributes = scope_attributes_of(merged)
         attributes.update(extra_attributes)
         with tracer().start_as_current_span(span_name, attributes=attributes,
                                             record_exception=False,

@@ -21,15 +21,13 @@ spans get the scope too (``ScopeSpanProcessor``).
 Errors: an exception leaving an agent's turn or a speaker selection is recorded by the capture
 level (``agl_bridge.errors.record_error``). autogen-core's own ``invoke_agent`` span would record
 ``str(exc)`` at every level (a server error that echoes the prompt puts the prompt there), so
-``_agent_turn`` records it on that span itself and closes AutoGen's context manager as if the
+``_AgentTurn`` records it on that span itself and closes AutoGen's context manager as if the
 turn had ended normally; the exception still propagates unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import sys
 import threading
 import uuid
 from collections import Counter
@@ -37,6 +35,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
@@ -45,7 +44,8 @@ from wrapt import wrap_function_wrapper
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 from agl_bridge.errors import record_error
-from agl_bridge.scope import current_scope, scope_attributes, scoped
+from agl_bridge.otel.attributes import set_scalars
+from agl_bridge.scope import attach_context, current_scope, scope_stamp, scoped
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,68 @@ def _team_of_manager(manager: Any) -> str | None:
     return topic.rsplit("_", 1)[-1] if topic.startswith("output_topic_") else None
 
 
+class _AgentTurn:
+    """One agent's turn: AutoGen's ``invoke_agent`` span context manager, with our scope
+    (episode, agent, turn) attached inside it and stamped on its span.
+
+    An exception leaving the turn is recorded on the span by the capture level
+    (``record_error``) and AutoGen's context manager is closed as if the turn had ended
+    normally, or it would record ``str(exc)`` (and its stack trace) whatever the level;
+    cancellation and the like reach it as they are. Either way the exception propagates
+    unchanged. A class, not a generator context manager: one is entered per agent turn.
+    """
+
+    __slots__ = ("_agent", "_block", "_cm", "_span", "_team_id", "_teams")
+
+    def __init__(self, teams: _Registry, autogen_span_cm: Any, agent: str | None,
+                 team_id: str | None) -> None:
+        self._teams = teams
+        self._cm = autogen_span_cm
+        self._agent = agent
+        self._team_id = team_id
+        self._span: Any = None
+        self._block: scoped | None = None
+
+    def __enter__(self) -> Any:
+        teams, agent = self._teams, self._agent
+        run = teams.get(self._team_id)
+        scope: dict[str, Any] = {"agent_name": agent}
+        if run is not None:
+            scope.update(episode_id=run.episode_id, task_id=run.task_id,
+                         turn_index=teams.next_turn(run, agent or ""))
+        elif "episode_id" not in current_scope():
+            scope["episode_id"] = uuid.uuid4().hex  # a lone agent's run is its own episode
+        span = self._span = self._cm.__enter__()
+        try:
+            block = scoped(**scope)
+            merged = block.__enter__()
+            self._block = block
+            if span is not None and span.is_recording():
+                # as span.set_attributes would store them, without its per-value checks
+                set_scalars(span, scope_stamp(merged)[1])
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return span
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if self._block is not None:
+                self._block.__exit__(exc_type, exc, tb)
+        finally:
+            span, cm = self._span, self._cm
+            if exc_type is None:
+                cm.__exit__(None, None, None)
+            elif issubclass(exc_type, Exception):
+                try:
+                    if span is not None:
+                        record_error(span, exc)
+                finally:
+                    cm.__exit__(None, None, None)
+            else:  # cancellation and the like: AutoGen's manager sees them as is
+                cm.__exit__(exc_type, exc, tb)
+
+
 class AutoGenInstrumentor(BaseInstrumentor):
     """Scope, turns and coordination spans for autogen-agentchat 0.7 teams and agents."""
 
@@ -173,36 +235,8 @@ class AutoGenInstrumentor(BaseInstrumentor):
     # -- agents and turns ------------------------------------------------------------------
     def _invoke_agent(self, wrapped, instance, args, kwargs):
         agent = kwargs.get("agent_name") or (args[0] if args else None)
-        return self._agent_turn(wrapped(*args, **kwargs), agent,
-                                _team_of_agent_id(kwargs.get("agent_id")))
-
-    @contextlib.contextmanager
-    def _agent_turn(self, autogen_span_cm, agent: str | None, team_id: str | None):
-        run = self._teams.get(team_id)
-        scope: dict[str, Any] = {"agent_name": agent}
-        if run is not None:
-            scope.update(episode_id=run.episode_id, task_id=run.task_id,
-                         turn_index=self._teams.next_turn(run, agent or ""))
-        elif "episode_id" not in current_scope():
-            scope["episode_id"] = uuid.uuid4().hex  # a lone agent's run is its own episode
-        span = autogen_span_cm.__enter__()
-        exc_info: tuple[Any, Any, Any] = (None, None, None)
-        try:
-            with scoped(**scope):
-                if span is not None and span.is_recording():
-                    span.set_attributes(scope_attributes())
-                yield span
-        except Exception as exc:
-            # recorded here by the capture level; AutoGen's manager is told nothing went wrong,
-            # or it would record str(exc) (and its stack trace) whatever the level
-            if span is not None:
-                record_error(span, exc)
-            raise
-        except BaseException:  # cancellation and the like: AutoGen's manager sees them as is
-            exc_info = sys.exc_info()
-            raise
-        finally:
-            autogen_span_cm.__exit__(*exc_info)
+        return _AgentTurn(self._teams, wrapped(*args, **kwargs), agent,
+                          _team_of_agent_id(kwargs.get("agent_id")))
 
     # -- coordination ----------------------------------------------------------------------
     def _select_speaker(self, strategy: str):
@@ -217,23 +251,32 @@ class AutoGenInstrumentor(BaseInstrumentor):
             if run is not None:
                 scope.update(episode_id=run.episode_id, task_id=run.task_id,
                              turn_index=teams.next_turn(run, selector))
-            with scoped(**scope):
+            with scoped(**scope) as merged:
+                stamp = scope_stamp(merged)[1]  # the scope's attributes, shared: not modified
                 last = thread[-1] if thread else None
                 if type(last).__name__ == "HandoffMessage":
                     tracer_of().start_span(sc.SPAN_HANDOFF, attributes={
-                        **scope_attributes(), sc.HANDOFF_FROM: getattr(last, "source", ""),
+                        **stamp, sc.HANDOFF_FROM: getattr(last, "source", ""),
                         sc.COORDINATION_AGENT: getattr(last, "target", "")}).end()
-                with tracer_of().start_as_current_span(sc.SPAN_SELECT_SPEAKER, attributes={
-                        **scope_attributes(), sc.COORDINATION_STRATEGY: strategy},
-                        record_exception=False, set_status_on_exception=False) as span:
+                # what start_as_current_span(record_exception=False,
+                # set_status_on_exception=False) does, without its two generator frames
+                span = tracer_of().start_span(sc.SPAN_SELECT_SPEAKER, attributes={
+                    **stamp, sc.COORDINATION_STRATEGY: strategy},
+                    record_exception=False, set_status_on_exception=False)
+                try:
+                    token = attach_context(trace.set_span_in_context(span))
                     try:
                         chosen = await wrapped(*args, **kwargs)
                     except Exception as exc:  # the selector's LLM call failed, say
                         record_error(span, exc)
                         raise
+                    finally:
+                        otel_context.detach(token)
                     speakers = [chosen] if isinstance(chosen, str) else list(chosen or [])
                     span.set_attribute(sc.COORDINATION_SPEAKERS, speakers)
                     return chosen
+                finally:
+                    span.end()
         return select_speaker
 
     async def _termination(self, wrapped, instance, args, kwargs):

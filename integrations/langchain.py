@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
@@ -41,7 +40,15 @@ from wrapt import wrap_function_wrapper
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 from agl_bridge.errors import record_error
-from agl_bridge.scope import context_with_scope, scope_of
+from agl_bridge.scope import (
+    SCOPE_CONTEXT_KEY,
+    attach_context,
+    context_with_scope,
+    current_scope,
+    get_context,
+    scope_attributes_of,
+    scope_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -111,16 +118,15 @@ def _handler_class():
             root = parent.root if parent else run_id
             # start from the parent run's context, not this thread's: a callback can arrive in
             # a worker whose context was copied before the parent attached its own
-            ctx = context_with_scope(parent.ctx if parent else otel_context.get_current(),
-                                     **scope)
+            ctx = context_with_scope(parent.ctx if parent else get_context(), **scope)
             span = None
             if span_name is not None:
-                attrs = {sc.SCOPE_ATTRIBUTES[k]: v for k, v in scope_of(ctx).items()}
+                attrs = scope_attributes_of(ctx.get(SCOPE_CONTEXT_KEY))
                 attrs.update(attributes)
                 span = self._tracer.start_span(span_name, context=ctx, kind=kind,
                                                attributes=attrs)
                 ctx = trace.set_span_in_context(span, ctx)
-            token = otel_context.attach(ctx)
+            token = attach_context(ctx)
             run = _Run(span, token, agent, root, ctx)
             with self._lock:
                 self._runs[run_id] = run
@@ -163,7 +169,7 @@ def _handler_class():
                 new_root = _Root()
                 with self._lock:
                     self._roots[run_id] = new_root
-                current = scope_of(otel_context.get_current())
+                current = current_scope()
                 episode = None if "episode_id" in current else run_id.hex
                 agent = metadata.get("lc_agent_name")
                 if agent:  # create_agent(name=...) invoked directly: one activation, turn 0
@@ -270,8 +276,11 @@ def _handler_class():
 def _inject(handler):
     def wrapper(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
-        if not any(isinstance(h, AglCallbackHandler) for h in instance.inheritable_handlers):
-            instance.add_handler(handler, inherit=True)
+        # a loop, not any() over a generator: this runs for every callback manager made
+        for h in instance.inheritable_handlers:
+            if isinstance(h, AglCallbackHandler):
+                return result
+        instance.add_handler(handler, inherit=True)
         return result
     return wrapper
 
