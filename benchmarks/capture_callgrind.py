@@ -33,45 +33,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import gc
 import json
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from callgrind_counts import Counter, run_counted
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
-HELPER_C = r"""
-#include <valgrind/callgrind.h>
-void agl_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
-void agl_stop(void) { CALLGRIND_DUMP_STATS_AT("calls"); CALLGRIND_STOP_INSTRUMENTATION; }
-"""
 MODES = ("sync", "async", "stream")
 DEV_VARIANTS = ("bare", "bare_ids", "sdk_floor", "ours_never", "ours")
 PEER_VARIANTS = ("peer_bare", "peer")
 BARE_OF = {v: "bare" for v in DEV_VARIANTS} | {v: "peer_bare" for v in PEER_VARIANTS}
 NS_PER_INSTRUCTION = 0.27  # the 2026-11-25 rate (benchmarks/README.md), about +-25%
-
-
-def _helper() -> Path:
-    out = ROOT / ".cache" / "callgrind_helper.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        src = out.with_suffix(".c")
-        src.write_text(HELPER_C)
-        subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
-    return out
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def worker(variant: str, mode: str, calls: int, warmup: int) -> None:
@@ -88,8 +67,7 @@ def worker(variant: str, mode: str, calls: int, warmup: int) -> None:
         _Variant,
     )
 
-    helper = ctypes.CDLL(str(_helper()))
-    signal.signal(signal.SIGINT, _interrupt)  # see integration_callgrind.py
+    counter = Counter()
     tmp = tempfile.mkdtemp(prefix="agl-cg-capture-")
     v = _Variant("bare" if variant == "bare_ids" else variant, tmp)
     v.set(True)
@@ -142,10 +120,10 @@ def worker(variant: str, mode: str, calls: int, warmup: int) -> None:
             collections[info["generation"]] += 1
 
     gc.callbacks.append(on_gc)
-    helper.agl_start()
+    counter.start()
     run(calls)
     v.flush()
-    helper.agl_stop()
+    counter.stop()
     gc.callbacks.remove(on_gc)
     spans = (v.exported() - before) / calls
     keys = None
@@ -161,34 +139,24 @@ def worker(variant: str, mode: str, calls: int, warmup: int) -> None:
 
 def count(python: str, variant: str, mode: str, calls: int, warmup: int, repeat: int,
           keep: str | None) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-               f"--callgrind-out-file={out}.%p", python, str(HERE), "--worker", variant,
-               "--mode", mode, "--calls", str(calls), "--warmup", str(warmup)]
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("OTEL_", "AGL_BRIDGE_", "PYTHON"))}
-        if variant in ("bare", "peer_bare", "bare_ids"):  # the patch is for instrumented ones
-            env.pop("AGL_CALLGRIND_PATCH", None)
-        env["PYTHONHASHSEED"] = "0"
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-        if r.returncode != 0:
-            return {"variant": variant, "mode": mode, "repeat": repeat,
-                    "error": f"rc {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}"}
-        total = 0
-        for f in Path(tmp).iterdir():
-            text = f.read_text(errors="replace")
-            if "Client Request: calls" not in text[:2000]:
-                continue  # the dump at exit (nothing counted after the stop)
-            m = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(
-                r"^totals:\s+(\d+)", text, re.M)
-            if m:
-                total += int(m.group(1))
-                if keep:
-                    Path(keep).mkdir(parents=True, exist_ok=True)
-                    (Path(keep) / f"{variant}-{mode}-{repeat}.out").write_text(text)
-        info = json.loads(r.stdout.strip().splitlines()[-1])
+    cmd = [python, str(HERE), "--worker", variant, "--mode", mode, "--calls", str(calls),
+           "--warmup", str(warmup)]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OTEL_", "AGL_BRIDGE_", "PYTHON"))}
+    if variant in ("bare", "peer_bare", "bare_ids"):  # the patch is for instrumented ones
+        env.pop("AGL_CALLGRIND_PATCH", None)
+    env["PYTHONHASHSEED"] = "0"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    r, total, texts = run_counted(cmd, env)
+    if r.returncode != 0:
+        return {"variant": variant, "mode": mode, "repeat": repeat,
+                "error": f"rc {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]}"}
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for i, text in enumerate(texts):
+            (Path(keep) / f"{variant}-{mode}-{repeat}{'-' + str(i) if i else ''}.out"
+             ).write_text(text)
+    info = json.loads(r.stdout.strip().splitlines()[-1])
     return {"variant": variant, "mode": mode, "repeat": repeat, "per_call": total / calls,
             **info}
 

@@ -27,38 +27,14 @@ instruction; the counts are the figure.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-HELPER_C = r"""
-#include <valgrind/callgrind.h>
-void agl_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
-void agl_stop(void) { CALLGRIND_DUMP_STATS_AT("steps"); CALLGRIND_STOP_INSTRUMENTATION; }
-"""
-
-
-def _helper() -> Path:
-    out = ROOT / ".cache" / "callgrind_helper.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        src = out.with_suffix(".c")
-        src.write_text(HELPER_C)
-        subprocess.run(["cc", "-O1", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
-    return out
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+from callgrind_counts import Counter, run_counted
 
 
 def worker(framework: str, mode: str, steps: int, warmup: int) -> None:
@@ -66,12 +42,7 @@ def worker(framework: str, mode: str, steps: int, warmup: int) -> None:
     from discard_spans import install_discarding_provider
     from integration_overhead import _autogen_step, _langgraph_step
 
-    helper = ctypes.CDLL(str(_helper()))
-    # asyncio.run installs a SIGINT handler per run while the default one is in place, and on
-    # restoring the default the signal module reprs the handler it replaced (an enum lookup that
-    # fails), so the finished task and its result: an amount of work that varied between
-    # processes by hundreds of thousands of instructions a step. Not the integration's cost.
-    signal.signal(signal.SIGINT, _interrupt)
+    counter = Counter()
     provider, Discard = install_discarding_provider()
     if mode in ("openai", "full"):
         from agl_bridge.integrations.openai import OpenAIInstrumentor
@@ -96,42 +67,31 @@ def worker(framework: str, mode: str, steps: int, warmup: int) -> None:
         if phase == "start":
             collections[info["generation"]] += 1
     gc.callbacks.append(on_gc)
-    helper.agl_start()
+    counter.start()
     for _ in range(steps):
         step()
         provider.force_flush()
-    helper.agl_stop()
+    counter.stop()
     gc.callbacks.remove(on_gc)
     print(json.dumps({"spans_per_step": (Discard.spans - before) / steps, "gc": collections}))
 
 
 def count(framework: str, mode: str, steps: int, warmup: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-               f"--callgrind-out-file={out}.%p", sys.executable, __file__, "--worker",
-               framework, "--mode", mode, "--steps", str(steps), "--warmup", str(warmup)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
-        if mode == "bare":  # the patch is for the instrumented modes
-            env.pop("AGL_CALLGRIND_PATCH", None)
-        env["PYTHONHASHSEED"] = "0"
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-        if r.returncode != 0:
-            raise SystemExit(f"{framework}/{mode} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-        total = 0
-        for f in Path(tmp).iterdir():
-            text = f.read_text(errors="replace")
-            if "Client Request: steps" not in text[:2000]:
-                continue  # the dump at exit (nothing counted after the stop)
-            m = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(
-                r"^totals:\s+(\d+)", text, re.M)
-            if m:
-                total += int(m.group(1))
-                if os.environ.get("AGL_CALLGRIND_KEEP"):  # for callgrind_annotate
-                    keep = Path(os.environ["AGL_CALLGRIND_KEEP"])
-                    keep.mkdir(parents=True, exist_ok=True)
-                    (keep / f"{framework}-{mode}.out").write_text(text)
-        info = json.loads(r.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, __file__, "--worker", framework, "--mode", mode, "--steps",
+           str(steps), "--warmup", str(warmup)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
+    if mode == "bare":  # the patch is for the instrumented modes
+        env.pop("AGL_CALLGRIND_PATCH", None)
+    env["PYTHONHASHSEED"] = "0"
+    r, total, texts = run_counted(cmd, env)
+    if r.returncode != 0:
+        raise SystemExit(f"{framework}/{mode} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    if os.environ.get("AGL_CALLGRIND_KEEP"):  # for callgrind_annotate
+        keep = Path(os.environ["AGL_CALLGRIND_KEEP"])
+        keep.mkdir(parents=True, exist_ok=True)
+        for i, text in enumerate(texts):
+            (keep / f"{framework}-{mode}{'-' + str(i) if i else ''}.out").write_text(text)
+    info = json.loads(r.stdout.strip().splitlines()[-1])
     return {"framework": framework, "mode": mode, "per_step": total / steps, **info}
 
 
