@@ -32,7 +32,6 @@ worker before the count (to switch one piece off and count what it cost).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import os
@@ -55,17 +54,7 @@ NS_PER_INSTRUCTION = 0.27  # the 2026-11-25 rate (benchmarks/README.md), about +
 
 def worker(variant: str, mode: str, calls: int, warmup: int) -> None:
     sys.path.insert(0, str(HERE.parent))
-    import httpx2
-    import openai
-    from capture_overhead import (
-        MESSAGES,
-        MODEL,
-        _Discard,
-        _floor_async,
-        _floor_sync,
-        _mock_transport,
-        _Variant,
-    )
+    from capture_overhead import _Discard, _Variant, call_runner
 
     counter = Counter()
     tmp = tempfile.mkdtemp(prefix="agl-cg-capture-")
@@ -75,41 +64,7 @@ def worker(variant: str, mode: str, calls: int, warmup: int) -> None:
         exec(compile(Path(os.environ["AGL_CALLGRIND_PATCH"]).read_text(), "patch", "exec"), {})
     extra: dict = ({"extra_body": {"return_token_ids": True}, "logprobs": True}
                    if variant == "bare_ids" else {})
-    stream = mode == "stream"
-    if mode == "async":
-        client = openai.AsyncOpenAI(api_key="x", base_url="http://mock.local/v1", max_retries=0,
-                                    http_client=httpx2.AsyncClient(transport=_mock_transport()))
-
-        async def block(n: int) -> None:
-            for _ in range(n):
-                if v.floor:
-                    await _floor_async(v.tracer, client)
-                else:
-                    await client.chat.completions.create(model=MODEL, messages=MESSAGES,
-                                                         temperature=0.7, max_tokens=64,
-                                                         **extra)
-
-        loop = asyncio.new_event_loop()
-
-        def run(n: int) -> None:
-            loop.run_until_complete(block(n))
-    else:
-        client = openai.OpenAI(api_key="x", base_url="http://mock.local/v1", max_retries=0,
-                               http_client=httpx2.Client(transport=_mock_transport()))
-
-        def run(n: int) -> None:
-            create = client.chat.completions.create
-            for _ in range(n):
-                if v.floor:
-                    _floor_sync(v.tracer, client, stream)
-                elif stream:
-                    for _ in create(model=MODEL, messages=MESSAGES, temperature=0.7,
-                                    max_tokens=64, stream=True, **extra):
-                        pass
-                else:
-                    create(model=MODEL, messages=MESSAGES, temperature=0.7, max_tokens=64,
-                           **extra)
-
+    run, close = call_runner(v, mode, extra)
     run(warmup)
     v.flush()
     before = v.exported()
@@ -131,6 +86,7 @@ def worker(variant: str, mode: str, calls: int, warmup: int) -> None:
         from capture_overhead import _LAST_KEYS
 
         keys = _LAST_KEYS[0]
+    close()
     v.close()
     print(json.dumps({"spans_per_call": spans, "gc": collections,
                       "ids": None if keys is None

@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -317,52 +318,56 @@ async def _floor_async(tracer, client):
         span.set_attribute("gen_ai.response.finish_reasons", [result.choices[0].finish_reason])
 
 
-def _time_mode(v: _Variant, mode: str, calls: int, pairs: int, warmup: int) -> dict:
-    """``pairs`` pairs of blocks of ``calls`` calls, one block bare and one instrumented, in
-    random order within each pair."""
+def call_runner(v: _Variant, mode: str, extra: dict | None = None
+                ) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """(run(n): n calls of ``mode`` through the variant's client or floor, close). ``extra``:
+    more ``create()`` keyword arguments (``capture_callgrind.py``'s ``bare_ids``)."""
     import httpx2
     import openai
 
-    perf, cpu = time.perf_counter_ns, time.process_time_ns
-    phases: dict[bool, list[tuple[float, float]]] = {False: [], True: []}  # (cpu us, wall us)
-    spans = {False: 0, True: 0}
-
+    kw = extra or {}
     if mode == "async":
         client = openai.AsyncOpenAI(api_key="x", base_url="http://mock.local/v1", max_retries=0,
                                     http_client=httpx2.AsyncClient(transport=_mock_transport()))
 
-        async def one_async() -> None:
-            if v.floor:
-                await _floor_async(v.tracer, client)
-            else:
-                await client.chat.completions.create(model=MODEL, messages=MESSAGES,
-                                                     temperature=0.7, max_tokens=64)
-
         async def block(n: int) -> None:
             for _ in range(n):
-                await one_async()
+                if v.floor:
+                    await _floor_async(v.tracer, client)
+                else:
+                    await client.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                         temperature=0.7, max_tokens=64, **kw)
 
         loop = asyncio.new_event_loop()
 
-        def run(n: int) -> None:
+        def run_async(n: int) -> None:
             loop.run_until_complete(block(n))
-    else:
-        stream = mode == "stream"
-        client = openai.OpenAI(api_key="x", base_url="http://mock.local/v1", max_retries=0,
-                               http_client=httpx2.Client(transport=_mock_transport()))
+        return run_async, loop.close
+    stream = mode == "stream"
+    client = openai.OpenAI(api_key="x", base_url="http://mock.local/v1", max_retries=0,
+                           http_client=httpx2.Client(transport=_mock_transport()))
 
-        def run(n: int) -> None:
-            create = client.chat.completions.create
-            for _ in range(n):
-                if v.floor:
-                    _floor_sync(v.tracer, client, stream)
-                elif stream:
-                    for _ in create(model=MODEL, messages=MESSAGES, temperature=0.7,
-                                    max_tokens=64, stream=True):
-                        pass
-                else:
-                    create(model=MODEL, messages=MESSAGES, temperature=0.7, max_tokens=64)
+    def run(n: int) -> None:
+        create = client.chat.completions.create
+        for _ in range(n):
+            if v.floor:
+                _floor_sync(v.tracer, client, stream)
+            elif stream:
+                for _ in create(model=MODEL, messages=MESSAGES, temperature=0.7, max_tokens=64,
+                                stream=True, **kw):
+                    pass
+            else:
+                create(model=MODEL, messages=MESSAGES, temperature=0.7, max_tokens=64, **kw)
+    return run, lambda: None
 
+
+def _time_mode(v: _Variant, mode: str, calls: int, pairs: int, warmup: int) -> dict:
+    """``pairs`` pairs of blocks of ``calls`` calls, one block bare and one instrumented, in
+    random order within each pair."""
+    perf, cpu = time.perf_counter_ns, time.process_time_ns
+    phases: dict[bool, list[tuple[float, float]]] = {False: [], True: []}  # (cpu us, wall us)
+    spans = {False: 0, True: 0}
+    run, close = call_runner(v, mode)
     for on in (False, True):
         v.set(on)
         run(warmup)
@@ -379,8 +384,7 @@ def _time_mode(v: _Variant, mode: str, calls: int, pairs: int, warmup: int) -> d
             c1, w1 = cpu(), perf()
             spans[on] += v.exported() - before
             phases[on].append(((c1 - c0) / calls / 1e3, (w1 - w0) / calls / 1e3))
-    if mode == "async":
-        loop.close()
+    close()
     on_, off = phases[True], phases[False]
     return {
         "variant": v.variant, "mode": mode, "calls_per_block": calls, "pairs": pairs,
