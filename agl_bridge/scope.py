@@ -190,6 +190,11 @@ def _detach(token: Any) -> None:
         pass
 
 
+# detaching what ``attach_context`` attached: ``_detach`` when the runtime is the contextvars one
+# (no frames of OpenTelemetry's API in between), else OpenTelemetry's own
+detach_context: Callable[[Any], None] = _detach if _VAR is not None else otel_context.detach
+
+
 @contextlib.contextmanager
 def _scoped(span_name: str, extra_attributes: Mapping[str, Any], **scope: Any) -> Iterator[Any]:
     """A scope change with a span around it that carries the new scope.

@@ -35,7 +35,6 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.utils import unwrap
@@ -44,8 +43,16 @@ from wrapt import wrap_function_wrapper
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 from agl_bridge.errors import record_error
-from agl_bridge.otel.attributes import set_scalars
-from agl_bridge.scope import attach_context, current_scope, scope_stamp, scoped
+from agl_bridge.otel.attributes import attribute_dict, set_scalars
+from agl_bridge.scope import (
+    SCOPE_CONTEXT_KEY,
+    attach_context,
+    context_with_scope,
+    current_scope,
+    detach_context,
+    scope_stamp,
+    scoped,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -144,24 +151,27 @@ class _AgentTurn:
                          turn_index=teams.next_turn(run, agent or ""))
         elif "episode_id" not in current_scope():
             scope["episode_id"] = uuid.uuid4().hex  # a lone agent's run is its own episode
-        span = self._span = self._cm.__enter__()
+        # the scope first, then AutoGen's span inside it: the span starts in the scope, so
+        # ScopeSpanProcessor stamps it in its on_start (AutoGen passes no parent context), one
+        # dict update instead of a second, locked, store after the start
+        block = scoped(**scope)
+        merged = block.__enter__()
+        self._block = block
         try:
-            block = scoped(**scope)
-            merged = block.__enter__()
-            self._block = block
-            if span is not None and span.is_recording():
-                # as span.set_attributes would store them, without its per-value checks
-                set_scalars(span, scope_stamp(merged)[1])
-        except BaseException as exc:
-            self.__exit__(type(exc), exc, exc.__traceback__)
+            span = self._span = self._cm.__enter__()
+        except BaseException:
+            self._block = None
+            block.__exit__(None, None, None)
             raise
+        if span is not None and span.is_recording():
+            stamp = scope_stamp(merged)[1]  # kept: the processor has just made it
+            if not stamp.items() <= attribute_dict(span).items():
+                # no ScopeSpanProcessor on this provider, say: stamped here, as before
+                set_scalars(span, stamp)
         return span
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if self._block is not None:
-                self._block.__exit__(exc_type, exc, tb)
-        finally:
             span, cm = self._span, self._cm
             if exc_type is None:
                 cm.__exit__(None, None, None)
@@ -173,6 +183,9 @@ class _AgentTurn:
                     cm.__exit__(None, None, None)
             else:  # cancellation and the like: AutoGen's manager sees them as is
                 cm.__exit__(exc_type, exc, tb)
+        finally:
+            if self._block is not None:
+                self._block.__exit__(exc_type, exc, tb)
 
 
 class AutoGenInstrumentor(BaseInstrumentor):
@@ -251,32 +264,35 @@ class AutoGenInstrumentor(BaseInstrumentor):
             if run is not None:
                 scope.update(episode_id=run.episode_id, task_id=run.task_id,
                              turn_index=teams.next_turn(run, selector))
-            with scoped(**scope) as merged:
-                stamp = scope_stamp(merged)[1]  # the scope's attributes, shared: not modified
-                last = thread[-1] if thread else None
-                if type(last).__name__ == "HandoffMessage":
-                    tracer_of().start_span(sc.SPAN_HANDOFF, attributes={
-                        **stamp, sc.HANDOFF_FROM: getattr(last, "source", ""),
-                        sc.COORDINATION_AGENT: getattr(last, "target", "")}).end()
-                # what start_as_current_span(record_exception=False,
-                # set_status_on_exception=False) does, without its two generator frames
-                span = tracer_of().start_span(sc.SPAN_SELECT_SPEAKER, attributes={
-                    **stamp, sc.COORDINATION_STRATEGY: strategy},
-                    record_exception=False, set_status_on_exception=False)
+            # the scope and the selection's span go into one context, attached once (not a
+            # scope block with the span's context attached inside it)
+            ctx = context_with_scope(None, **scope)
+            merged: Any = ctx[SCOPE_CONTEXT_KEY]  # the scope in force in the selection
+            stamp = scope_stamp(merged)[1]  # shared: not modified
+            last = thread[-1] if thread else None
+            if type(last).__name__ == "HandoffMessage":
+                tracer_of().start_span(sc.SPAN_HANDOFF, context=ctx, attributes={
+                    **stamp, sc.HANDOFF_FROM: getattr(last, "source", ""),
+                    sc.COORDINATION_AGENT: getattr(last, "target", "")}).end()
+            # what start_as_current_span(record_exception=False,
+            # set_status_on_exception=False) does, without its two generator frames
+            span = tracer_of().start_span(sc.SPAN_SELECT_SPEAKER, context=ctx, attributes={
+                **stamp, sc.COORDINATION_STRATEGY: strategy},
+                record_exception=False, set_status_on_exception=False)
+            try:
+                token = attach_context(trace.set_span_in_context(span, ctx))
                 try:
-                    token = attach_context(trace.set_span_in_context(span))
-                    try:
-                        chosen = await wrapped(*args, **kwargs)
-                    except Exception as exc:  # the selector's LLM call failed, say
-                        record_error(span, exc)
-                        raise
-                    finally:
-                        otel_context.detach(token)
-                    speakers = [chosen] if isinstance(chosen, str) else list(chosen or [])
-                    span.set_attribute(sc.COORDINATION_SPEAKERS, speakers)
-                    return chosen
+                    chosen = await wrapped(*args, **kwargs)
+                except Exception as exc:  # the selector's LLM call failed, say
+                    record_error(span, exc)
+                    raise
                 finally:
-                    span.end()
+                    detach_context(token)
+                speakers = [chosen] if isinstance(chosen, str) else list(chosen or [])
+                span.set_attribute(sc.COORDINATION_SPEAKERS, speakers)
+                return chosen
+            finally:
+                span.end()
         return select_speaker
 
     async def _termination(self, wrapped, instance, args, kwargs):
