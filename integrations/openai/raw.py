@@ -63,16 +63,15 @@ class Take:
             self._absorb_chunk(data, choices, call)
             return
         prompt = completion = content = None
-        if call.ids and (call.stream or not self.absorbed):  # a response's first parse only
+        if call.ids and not self.absorbed:  # a response's first parse only
             prompt = data.get("prompt_token_ids")
             if type(prompt) is not list:
                 prompt = None
             first = None
-            for position, choice in enumerate(choices):
-                if type(choice) is dict and (choice.get("index", 0) == 0 if call.stream
-                                             else position == 0):
+            for choice in choices:
+                if type(choice) is dict:  # the first choice, when it is one
                     first = choice
-                    break
+                break
             if first is not None:
                 completion = first.get("token_ids")
                 if type(completion) is not list:
@@ -99,23 +98,13 @@ class Take:
             self.prompt_ids = prompt
         if completion is not None:
             if self.completion_ids is None:
-                self.completion_ids = completion if not call.stream else list(completion)
+                self.completion_ids = completion
             else:
                 self.completion_ids.extend(completion)
         if content:
             self.logprobs.extend(content)
         self.absorbed += 1
-        if call.injected_ids:
-            if data.get("prompt_token_ids") is not None:
-                data["prompt_token_ids"] = None
-            for choice in choices:
-                if type(choice) is dict and choice.get("token_ids") is not None:
-                    choice["token_ids"] = None
-        if call.injected_logprobs:
-            for choice in choices:
-                if type(choice) is dict and choice.get("logprobs") is not None:
-                    choice["logprobs"] = None
-
+        _reset(data, choices, call)
 
     def _absorb_chunk(self, data: dict[str, Any], choices: list[Any], call: Call) -> None:
         """``absorb`` for one stream chunk, its hot path: a stream has one per token, so this
@@ -149,16 +138,22 @@ class Take:
         if content:
             self.logprobs.extend(content)
         self.absorbed += 1
-        ids, logprobs = call.injected_ids, call.injected_logprobs
-        if ids and data.get("prompt_token_ids") is not None:
-            data["prompt_token_ids"] = None
-        if ids or logprobs:
-            for choice in choices:
-                if type(choice) is dict:
-                    if ids and choice.get("token_ids") is not None:
-                        choice["token_ids"] = None
-                    if logprobs and choice.get("logprobs") is not None:
-                        choice["logprobs"] = None
+        _reset(data, choices, call)
+
+
+def _reset(data: dict[str, Any], choices: list[Any], call: Call) -> None:
+    """Reset in a body what was asked for on the caller's behalf (ids, logprobs), so the SDK
+    builds the models the caller would have had; one pass over the choices."""
+    ids, logprobs = call.injected_ids, call.injected_logprobs
+    if ids and data.get("prompt_token_ids") is not None:
+        data["prompt_token_ids"] = None
+    if ids or logprobs:
+        for choice in choices:
+            if type(choice) is dict:
+                if ids and choice.get("token_ids") is not None:
+                    choice["token_ids"] = None
+                if logprobs and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
 
 
 def activate(take: Take) -> Token[Take | None]:
