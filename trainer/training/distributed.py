@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 
 import torch
+
+# how long the exit handler lets gloo's workers run before the interpreter ends (seconds)
+_DRAIN_S = 0.1
 
 
 def world_and_rank() -> tuple[int, int]:
@@ -17,20 +21,32 @@ def world_and_rank() -> tuple[int, int]:
     if world <= 1:
         return 1, 0
     if not dist.is_initialized():
+        # before the group exists: torch's ShardedGradScaler takes ``dist.group.WORLD`` as a
+        # default argument when its module is imported (torch.distributed.fsdp and .checkpoint
+        # import it), and that reference would keep the group, and gloo's threads, alive
+        # past destroy_process_group into interpreter finalization
+        import torch.distributed.fsdp.sharded_grad_scaler
+
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(_end_process_group)
     return dist.get_world_size(), dist.get_rank()
 
 
 def _end_process_group() -> None:
-    """Destroy the group this module started while the interpreter is whole. Left to
-    interpreter finalization, gloo's worker threads may free tensors that still hold Python
-    references after the GIL is gone, and the process dies of SIGABRT after its work is done
-    (seen once in CI on a rank that had finished; pytorch/pytorch#179291). A caller that
-    destroyed it already is left alone."""
+    """Let the group's workers finish, then destroy the group this module started, while the
+    interpreter is whole. When ``wait()`` returns, a gloo worker thread still holds the work it
+    ran; dropping it releases the work's tensors, which takes the GIL. A thread that takes the
+    GIL once finalization has begun is ended with a forced unwind, and the process dies of
+    SIGABRT after its work is done ("terminate called without an active exception", twice in
+    CI; a core dump shows ``~AsyncAllreduceWork`` in ``ProcessGroupGloo::runLoop`` calling
+    ``take_gil``; pytorch/pytorch#179291). Sleeping hands the GIL to such a worker. Destroying
+    the group alone does not: FSDP's meshes, kept by DTensor's caches, hold the group, so its
+    workers outlive ``destroy_process_group``. A caller that destroyed the group already is left
+    alone."""
     import torch.distributed as dist
 
     if dist.is_initialized():
+        time.sleep(_DRAIN_S)
         dist.destroy_process_group()
 
 
