@@ -178,6 +178,22 @@ def test_a_rank_that_finished_its_work_exits_cleanly(tmp_path):
         launch("hold")
 
 
+def test_running_workers_counts_gloo_threads_that_run_or_wait_for_a_core(tmp_path):
+    """The exit handler pauses longer while a gloo worker still runs; ``/proc`` says which."""
+    from agl_bridge.trainer.training.distributed import running_workers
+
+    stats = {"1": "1 (python) R 0", "2": "2 (pt_gloo_runloop) R 1 2",
+             "3": "3 (pt_gloo_runloop) S 1", "4": "4 (pt_gloo (x) y) D 1",
+             "5": "5 (gloo_tcp_loop) R 1"}
+    for tid, stat in stats.items():
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "stat").write_text(stat)
+    (tmp_path / "6").mkdir()  # a thread that ended between the listing and the read
+    assert running_workers(str(tmp_path)) == 2
+    assert running_workers(str(tmp_path / "missing")) == 0
+    assert running_workers() == 0  # this process runs no gloo worker
+
+
 def test_unknown_parallelism_is_refused(tiny, tmp_path):
     from agl_bridge.trainer.training import GRPOConfig, train_policy
     from tests.factories import transitions

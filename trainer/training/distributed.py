@@ -8,8 +8,10 @@ import time
 
 import torch
 
-# how long the exit handler lets gloo's workers run before the interpreter ends (seconds)
+# how long the exit handler lets gloo's workers run before the interpreter ends (seconds):
+# one pause, then more while a worker is still running, up to the cap
 _DRAIN_S = 0.1
+_DRAIN_CAP_S = 1.0
 
 
 def world_and_rank() -> tuple[int, int]:
@@ -39,15 +41,42 @@ def _end_process_group() -> None:
     GIL once finalization has begun is ended with a forced unwind, and the process dies of
     SIGABRT after its work is done ("terminate called without an active exception", twice in
     CI; a core dump shows ``~AsyncAllreduceWork`` in ``ProcessGroupGloo::runLoop`` calling
-    ``take_gil``; pytorch/pytorch#179291). Sleeping hands the GIL to such a worker. Destroying
+    ``take_gil``; pytorch/pytorch#179291). Sleeping hands the GIL to such a worker (longer while
+    one is still running). Destroying
     the group alone does not: FSDP's meshes, kept by DTensor's caches, hold the group, so its
     workers outlive ``destroy_process_group``. A caller that destroyed the group already is left
     alone."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        time.sleep(_DRAIN_S)
+        waited = 0.0
+        while waited < _DRAIN_CAP_S:
+            time.sleep(_DRAIN_S)
+            waited += _DRAIN_S
+            if not running_workers():
+                break
         dist.destroy_process_group()
+
+
+def running_workers(tasks: str = "/proc/self/task") -> int:
+    """This process's gloo worker threads (``pt_gloo*``) that are running or runnable, from
+    ``/proc`` (0 where there is none): one preempted on a loaded machine may not have reached
+    the GIL during the first pause. Idle workers, and ones waiting for the GIL, sleep."""
+    busy = 0
+    try:
+        tids = os.listdir(tasks)
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            with open(f"{tasks}/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name, _, rest = stat.partition("(")[2].rpartition(")")
+        if name.startswith("pt_gloo") and rest.split()[:1] in (["R"], ["D"]):
+            busy += 1
+    return busy
 
 
 def all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
