@@ -16,6 +16,9 @@ held-out set and seeds; only the training choice differs:
                        (``--branch 4``), one episode per task, against ``at_grpo``'s 4 repeated
                        rollouts: the same number of reader samples
 ``sft``                SFT on the best rollout of each (task, agent, turn) group
+``sft_threshold``      SFT on every transition with reward >= 1 (rejection sampling: a reader
+                       that passed the right pair, a solver that summed its pair right, or a
+                       team success)
 =====================  =========================================================================
 
 Per arm and seed: held-out team success before and after (greedy, ``--eval-tasks``), each role's
@@ -50,6 +53,8 @@ ARMS: dict[str, list[str]] = {
     "dr_mas": ["--per-agent-advantages"],
     "tree": ["--branch", "4", "--rollouts", "1"],
     "sft": ["--algorithm", "sft"],
+    "sft_threshold": ["--algorithm", "sft", "--sft-select", "threshold",
+                      "--sft-min-reward", "1.0"],
 }
 ROLES = ("reader", "solver")
 Z95 = 1.959964

@@ -170,9 +170,26 @@ def test_replay_settings_are_checked(settings, problem):
     ({"algorithm": "ppo"}, "algorithm must be at_grpo, lightning_rl or sft"),
     ({"policy": "solo"}, "policy must be shared, per_agent_lora or per_agent_model"),
     ({"train_agents": ["b"]}, r"train_agents \['b'\] must be among agents \['a'\]"),
+    ({"algorithm": "sft", "sft_select": "top"}, "sft_select must be best or threshold"),
+    ({"algorithm": "sft", "sft_select": "threshold"}, "needs sft_min_reward"),
 ])
 def test_training_settings_are_checked(settings, problem):
     _refused(settings, problem)
+
+
+@pytest.mark.parametrize("settings, options", [
+    ({}, {}),
+    ({"train_agents": ["a"]}, {"train_agents": ["a"]}),
+    ({"algorithm": "sft"}, {"sft_select": "best"}),
+    ({"algorithm": "sft", "sft_select": "threshold", "sft_min_reward": 1.0},
+     {"sft_select": "threshold", "sft_min_reward": 1.0}),
+    ({"sft_select": "threshold", "sft_min_reward": 1.0}, {}),  # not sft: not the trainer's
+])
+def test_the_trainer_gets_single_role_and_sft_selection_options(settings, options):
+    loop = Loop.__new__(Loop)  # _train_options reads the config only
+    loop.cfg = LoopConfig(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off",
+                          **settings).check()
+    assert loop._train_options() == options
 
 
 def _refused(settings, problem):

@@ -66,6 +66,8 @@ class LoopConfig:
     lora_r: int = 16
     alpha: float = 1.0  # AT-GRPO team reward weight
     train_agents: list[str] | None = None  # train only these agents (None: all in agents)
+    sft_select: str = "best"  # sft: the best of each group, or "threshold" (rejection sampling)
+    sft_min_reward: float | None = None  # sft: the reward a transition (or a group's best) needs
     seed: int = 0
     # -- the gate: held-out evaluation of each candidate beside the live version -------------
     eval_team: str | None = None  # default: the team command
@@ -102,6 +104,10 @@ class LoopConfig:
         if self.algorithm not in ("at_grpo", "lightning_rl", "sft"):
             raise ValueError(f"algorithm must be at_grpo, lightning_rl or sft, got "
                              f"{self.algorithm!r}")
+        if self.sft_select not in ("best", "threshold"):
+            raise ValueError(f"sft_select must be best or threshold, got {self.sft_select!r}")
+        if self.sft_select == "threshold" and self.sft_min_reward is None:
+            raise ValueError("sft_select = 'threshold' needs sft_min_reward")
         if self.policy not in ("shared", "per_agent_lora", "per_agent_model"):
             raise ValueError(f"policy must be shared, per_agent_lora or per_agent_model, got "
                              f"{self.policy!r}")

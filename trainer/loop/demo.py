@@ -162,6 +162,11 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     ap.add_argument("--algorithm", choices=("at_grpo", "lightning_rl", "sft"),
                     default="at_grpo", help="credit assignment and groups (lightning_rl: the "
                     "team reward to every transition, task groups), or sft on the best rollouts")
+    ap.add_argument("--sft-select", choices=("best", "threshold"), default="best",
+                    help="sft: imitate the best of each group (default), or every transition "
+                         "with reward >= --sft-min-reward (rejection sampling)")
+    ap.add_argument("--sft-min-reward", type=float,
+                    help="sft: the reward a transition (threshold) or a group's best must reach")
     ap.add_argument("--policy", choices=("per_agent_lora", "shared", "per_agent_model"),
                     default="per_agent_lora", help="one LoRA adapter per agent, or one shared")
     ap.add_argument("--per-agent-advantages", action="store_true",
@@ -256,6 +261,7 @@ def run(args: argparse.Namespace) -> dict:
         alpha=args.alpha, seed=args.seed, eval_tasks=str(work / "eval-tasks.jsonl"),
         algorithm=args.algorithm, policy=args.policy,
         per_agent_advantages=args.per_agent_advantages, train_agents=args.train_agents,
+        sft_select=args.sft_select, sft_min_reward=args.sft_min_reward,
         gate_tasks=str(work / "gate-tasks.jsonl"), eval_rollouts=args.eval_rollouts,
         eval_temperature=args.eval_temperature, gate=args.gate, rounds=args.rounds,
         minutes=args.minutes, watch_episodes=args.tasks_per_round * args.rollouts)

@@ -382,9 +382,15 @@ class Loop:
                 "missing_reward": missing, "alpha": cfg.alpha}
 
     def _train_options(self) -> dict[str, Any]:
-        """Trainer options set only when asked for (single-role training)."""
-        agents = self.cfg.train_agents
-        return {"train_agents": list(agents)} if agents else {}
+        """Trainer options set only when asked for (single-role training, SFT's selection)."""
+        cfg = self.cfg
+        options: dict[str, Any] = {"train_agents": list(cfg.train_agents)} \
+            if cfg.train_agents else {}
+        if cfg.algorithm == "sft":
+            options["sft_select"] = cfg.sft_select
+            if cfg.sft_min_reward is not None:
+                options["sft_min_reward"] = cfg.sft_min_reward
+        return options
 
     def _rewarded_episodes(self, files: list[Path]) -> set[str]:
         from agl_bridge.trainer.conversion import ConvertConfig, convert
