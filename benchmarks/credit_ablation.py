@@ -192,6 +192,47 @@ def print_table(summary: dict) -> None:
               f"{role(sv):>24}{d:>26}")
 
 
+def plot(results: dict[str, list[dict]], path: str) -> None:
+    """Team, reader and solver success per arm: each run after training (filled, 95% Wilson
+    interval) beside its own before (hollow), so the spread between seeds shows next to the
+    differences between arms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = [a for a, runs in results.items() if runs]
+    panels = [("team", "team success"), ("reader", "reader's own success"),
+              ("solver", "solver's own success")]
+    fig, axes = plt.subplots(1, 3, figsize=(4.2 * 3, 0.55 * len(arms) + 1.6), sharey=True)
+    for ax, (key, title) in zip(axes, panels):
+        for y, arm in enumerate(arms):
+            runs = results[arm]
+            for j, data in enumerate(runs):
+                dy = (j - (len(runs) - 1) / 2) * 0.22
+                for when, style in (("baseline", dict(mfc="white", color="0.55")),
+                                    ("final", dict(color=f"C{j}"))):
+                    stats = (data[when]["success"] if key == "team"
+                             else data[when]["agents"][key])
+                    p, lo, hi = wilson(*counts(stats))
+                    ax.errorbar([p * 100], [y + dy], xerr=[[(p - lo) * 100], [(hi - p) * 100]],
+                                fmt="o", ms=5, capsize=2, lw=1,
+                                label=(f"seed {data.get('seed', j)}, after" if when == "final"
+                                       else "before"), **style)
+        ax.set_title(title)
+        ax.set_xlabel("held-out success, %")
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_xlim(left=0)
+    axes[0].set_yticks(range(len(arms)), arms)
+    axes[0].invert_yaxis()
+    handles, labels = axes[0].get_legend_handles_labels()
+    seen = dict(zip(labels, handles))
+    fig.legend(seen.values(), seen.keys(), loc="lower center", ncol=len(seen), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated: {','.join(ARMS)}")
@@ -207,6 +248,8 @@ def main() -> None:
     ap.add_argument("--json", help="also write the per-arm figures here")
     ap.add_argument("--report", action="store_true",
                     help="run nothing: the table of the runs already recorded")
+    ap.add_argument("--plot", help="also draw each run's before and after, per arm and role, "
+                                   "into this image (PNG)")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "ablation"),
                     help="one small JSON record per finished run, kept (committed) so that a "
                          "later session's table includes it; '' keeps none")
@@ -231,6 +274,9 @@ def main() -> None:
           f"seeds {seeds}; {budget} per run; held-out {args.eval_tasks} tasks, "
           f"greedy; pooled over seeds, 95% Wilson intervals\n")
     print_table(summary)
+    if args.plot:
+        plot(results, args.plot)
+        print(f"\nplot: {args.plot}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 
