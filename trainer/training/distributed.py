@@ -42,10 +42,9 @@ def _end_process_group() -> None:
     SIGABRT after its work is done ("terminate called without an active exception", twice in
     CI; a core dump shows ``~AsyncAllreduceWork`` in ``ProcessGroupGloo::runLoop`` calling
     ``take_gil``; pytorch/pytorch#179291). Sleeping hands the GIL to such a worker (longer while
-    one is still running). Destroying
-    the group alone does not: FSDP's meshes, kept by DTensor's caches, hold the group, so its
-    workers outlive ``destroy_process_group``. A caller that destroyed the group already is left
-    alone."""
+    one is still running). Destroying the group alone does not: FSDP's meshes, kept by
+    DTensor's caches, hold the group, so its workers outlive ``destroy_process_group``. A
+    caller that destroyed the group already is left alone."""
     import torch.distributed as dist
 
     if dist.is_initialized():
