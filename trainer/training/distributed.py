@@ -44,16 +44,16 @@ def _end_process_group() -> None:
     ``take_gil``; pytorch/pytorch#179291). Sleeping hands the GIL to such a worker (longer while
     one is still running). Destroying the group alone does not: FSDP's meshes, kept by
     DTensor's caches, hold the group, so its workers outlive ``destroy_process_group``. A
-    caller that destroyed the group already is left alone."""
+    group the caller destroyed already is not destroyed again, but the pause is kept."""
     import torch.distributed as dist
 
+    waited = 0.0  # also when the caller destroyed the group: a holder may keep its workers
+    while waited < _DRAIN_CAP_S:
+        time.sleep(_DRAIN_S)
+        waited += _DRAIN_S
+        if not running_workers():
+            break
     if dist.is_initialized():
-        waited = 0.0
-        while waited < _DRAIN_CAP_S:
-            time.sleep(_DRAIN_S)
-            waited += _DRAIN_S
-            if not running_workers():
-                break
         dist.destroy_process_group()
 
 
