@@ -23,6 +23,7 @@ import argparse
 import sys
 
 from agl_bridge import commands
+from agl_bridge.trainer.training.config import SFT_SELECTS
 
 
 def _loop_args(parser: argparse.ArgumentParser) -> None:
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--algorithm", choices=["at_grpo", "lightning_rl", "sft"],
                    help="default at_grpo (or the --config file's); sft: supervised fine-tuning "
                         "on the best of each group (--sft-select, --sft-min-reward)")
-    t.add_argument("--sft-select", choices=["best", "threshold"],
+    t.add_argument("--sft-select", choices=SFT_SELECTS,
                    help="sft: imitate the best of each group (default), or every transition "
                         "with reward >= --sft-min-reward")
     t.add_argument("--sft-min-reward", type=float,

@@ -18,6 +18,7 @@ from typing import Any
 
 from agl_bridge.trainer.loop.gate import RULES, GateRule
 from agl_bridge.trainer.rewards.baselines import parse_baselines
+from agl_bridge.trainer.training.config import SFT_SELECTS
 
 
 @dataclass
@@ -104,7 +105,7 @@ class LoopConfig:
         if self.algorithm not in ("at_grpo", "lightning_rl", "sft"):
             raise ValueError(f"algorithm must be at_grpo, lightning_rl or sft, got "
                              f"{self.algorithm!r}")
-        if self.sft_select not in ("best", "threshold"):
+        if self.sft_select not in SFT_SELECTS:
             raise ValueError(f"sft_select must be best or threshold, got {self.sft_select!r}")
         if self.sft_select == "threshold" and self.sft_min_reward is None:
             raise ValueError("sft_select = 'threshold' needs sft_min_reward")

@@ -45,6 +45,7 @@ from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop, log
 from agl_bridge.trainer.loop.report import episode_stats, write_report
 from agl_bridge.trainer.loop.team import TeamRun, write_tasks
+from agl_bridge.trainer.training.config import SFT_SELECTS
 
 TEAM_MODULE = "agl_bridge.trainer.loop.teams.arith"
 ALIASES = ("solver", "checker")
@@ -162,7 +163,7 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     ap.add_argument("--algorithm", choices=("at_grpo", "lightning_rl", "sft"),
                     default="at_grpo", help="credit assignment and groups (lightning_rl: the "
                     "team reward to every transition, task groups), or sft on the best rollouts")
-    ap.add_argument("--sft-select", choices=("best", "threshold"), default="best",
+    ap.add_argument("--sft-select", choices=SFT_SELECTS, default="best",
                     help="sft: imitate the best of each group (default), or every transition "
                          "with reward >= --sft-min-reward (rejection sampling)")
     ap.add_argument("--sft-min-reward", type=float,

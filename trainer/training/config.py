@@ -14,6 +14,9 @@ POLICIES: tuple[Policy, ...] = ("shared", "per_agent_lora", "per_agent_model")
 Parallelism = Literal["data", "fsdp"]
 PARALLELISMS: tuple[Parallelism, ...] = ("data", "fsdp")
 LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
+# what SFT imitates: the best of each group, or every transition above a reward
+SftSelect = Literal["best", "threshold"]
+SFT_SELECTS: tuple[SftSelect, ...] = ("best", "threshold")
 
 
 @dataclass
@@ -49,7 +52,7 @@ class GRPOConfig:
     scale_rewards_eps: float = 1e-4
     # SFT (train_policy(objective="sft"), algorithm="sft"): which transitions to imitate:
     # "best" of each group, or every one with reward >= sft_min_reward ("threshold")
-    sft_select: Literal["best", "threshold"] = "best"
+    sft_select: SftSelect = "best"
     sft_min_reward: float | None = None
     # train only these agents' transitions (None: all); the others' adapters get no new version
     train_agents: list[str] | None = None

@@ -16,16 +16,11 @@ Pure functions of arrays, checked on tables in ``tests/test_sft.py``.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 
-from agl_bridge.trainer.training.config import LossType
+from agl_bridge.trainer.training.config import SFT_SELECTS, LossType, SftSelect
 from agl_bridge.trainer.training.losses import aggregate
-
-SftSelect = Literal["best", "threshold"]
-SFT_SELECTS: tuple[SftSelect, ...] = ("best", "threshold")
 
 
 def select_for_sft(rewards: np.ndarray, groups: np.ndarray, how: SftSelect = "best",
