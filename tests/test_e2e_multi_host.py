@@ -47,15 +47,28 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
             call_alias_until(stop, base_url, lambda t0, t1, model: calls.append(
                 (t0, t1, base_url, model)), errors)
 
-        def served_since(t, timeout=240.0):
-            """Until each replica has answered a few requests started after ``t``."""
+        def switched(url, name, since):
+            """When ``url``'s agents first asked and got ``name`` after ``since`` (or None)."""
+            return min((t0 for t0, _, u, m in calls if u == url and m == name and t0 >= since),
+                       default=None)
+
+        def served_since(name, t, timeout=240.0):
+            """Until each replica's agents have had ``name`` answer a few requests started a
+            second or more after their first answer from it (past ``t``): a poll that fails
+            under load delays an agent's switch, never the check."""
             deadline = time.monotonic() + timeout
             time.sleep(2.5)
-            while min(sum(t0 >= t and u == url for t0, _, u, _ in calls)
-                      for url in replicas) < CLIENTS_PER_REPLICA:
+            while True:
+                firsts = [switched(url, name, t) for url in replicas]
+                if None not in firsts and min(
+                        sum(t0 >= first + 1.0 and u == url and m == name
+                            for t0, _, u, m in calls)
+                        for url, first in zip(replicas, firsts)) >= CLIENTS_PER_REPLICA:
+                    return
                 if time.monotonic() >= deadline:
                     stop.set()
-                    raise AssertionError(f"too few requests answered; errors: {errors[:3]}")
+                    raise AssertionError(f"{name} not answering on both replicas; "
+                                         f"errors: {errors[:3]}")
                 time.sleep(0.1)
 
         threads = [threading.Thread(target=agent, args=(url,)) for url in replicas
@@ -63,12 +76,12 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
         for t in threads:
             t.start()
         switches = [(0.0, time.monotonic(), "team@v1")]
-        served_since(switches[0][1] + 1.0)
+        served_since("team@v1", switches[0][1])
         for d in dirs[1:3]:
             started = time.monotonic()
             name = publisher.publish(d, alias="team")
             switches.append((started, time.monotonic(), name))
-            served_since(switches[-1][1] + 1.0)
+            served_since(name, switches[-1][1])
 
         # a replica down: the switch is refused, naming it; the live version stays
         dead = "http://127.0.0.1:9/v1"
@@ -91,8 +104,12 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
     assert names == ["team@v1", "team@v2", "team@v3"]
     assert {m for *_, m in calls} <= set(names)
     for (_, returned, name), nxt in zip(switches, switches[1:] + [(float("inf"), None, None)]):
-        for url in replicas:  # both replicas' agents moved within a second of the switch
-            window = [m for t0, t1, u, m in calls if u == url and returned + 1.0 <= t0
+        for url in replicas:  # both replicas' agents moved, and stayed: from a second after
+            # their first answer from the new version, every answer came from it (how soon
+            # after the publish that first answer came rests on the poll; it is not a test)
+            first = switched(url, name, returned)
+            assert first is not None, (url, name)
+            window = [m for t0, t1, u, m in calls if u == url and first + 1.0 <= t0
                       and t1 < nxt[0]]
             assert window and set(window) == {name}, (url, name, set(window))
     assert refused == "retired" and "team@v4" in unloaded
