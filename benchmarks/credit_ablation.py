@@ -27,7 +27,7 @@ from ``at_grpo`` after training with a 95% interval (normal approximation of two
 Nothing is tuned on the held-out set: every arm runs the demo's defaults but its own switch.
 
 Run: ``.venv/bin/python benchmarks/credit_ablation.py [--arms a,b,...] [--seeds 0,1]
-[--minutes 20 | --rounds 4] [--eval-tasks 200] [--workdir runs/ablation] [--json PATH]``;
+[--rounds 4 | --rounds 0 --minutes 20] [--eval-tasks 200] [--workdir runs/ablation] [--json PATH]``;
 a run whose record is in ``--results`` (default ``benchmarks/results/ablation/<arm>-seed<k>.json``,
 committed: the runs outlive a machine) or whose ``state.json`` says it finished is not run again.
 ``--quick``: the tiny random model, one round, 20 held-out tasks: the plumbing only.
@@ -237,10 +237,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated: {','.join(ARMS)}")
     ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--minutes", type=float, default=20.0, help="per run (the demo's budget)")
-    ap.add_argument("--rounds", type=int, default=0,
-                    help="the budget in training rounds instead of minutes (same for every arm "
-                         "whatever the machine's load)")
+    ap.add_argument("--minutes", type=float, default=20.0,
+                    help="per run, with --rounds 0 (the demo's budget)")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="the budget in training rounds (the same for every arm whatever the "
+                         "machine's load); 0: a budget of --minutes instead")
     ap.add_argument("--eval-tasks", type=int, default=200)
     ap.add_argument("--workdir", default=str(REPO / "runs" / "ablation"))
     ap.add_argument("--quick", action="store_true",
@@ -269,7 +270,12 @@ def main() -> None:
             if data is not None:
                 results[arm].append(data)
     summary = summarize(results)
-    budget = f"{args.rounds} rounds" if args.rounds else f"{args.minutes} min"
+    # the budget the runs had: the records' own (a report reads runs made with other flags)
+    rounds = {d.get("budget_rounds") for runs in results.values() for d in runs}
+    if not results or not any(results.values()):
+        rounds = {args.rounds}
+    budget = (", ".join(f"{r} rounds" if r else f"{args.minutes} min" for r in sorted(
+        rounds, key=lambda r: r or 0)))
     print(f"\nrelay task, {'tiny model (plumbing only)' if args.quick else 'SmolLM2-135M'}; "
           f"seeds {seeds}; {budget} per run; held-out {args.eval_tasks} tasks, "
           f"greedy; pooled over seeds, 95% Wilson intervals\n")
