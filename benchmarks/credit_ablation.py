@@ -192,6 +192,32 @@ def print_table(summary: dict) -> None:
               f"{role(sv):>24}{d:>26}")
 
 
+def markdown_table(summary: dict) -> str:
+    """The pooled table as Markdown, for the READMEs (generated, not typed)."""
+    def pct(k: int, n: int) -> str:
+        return f"{k / n:.1%}" if n else "-"
+
+    def team(k: int, n: int) -> str:
+        p, lo, hi = wilson(k, n)
+        return f"{p:.1%} [{lo * 100:.1f}, {hi * 100:.1f}]" if n else "-"
+
+    rows = ["| arm | seeds | team before -> after (pooled) | reader's own | solver's own "
+            "| after - `at_grpo`, points |", "| --- | ---: | --- | --- | --- | --- |"]
+    for arm, s in summary.items():
+        if not s["seeds"]:
+            continue
+        t, rd, sv = s["pooled"]["team"], s["pooled"]["reader"], s["pooled"]["solver"]
+        diff = s.get("team_after_minus_at_grpo")
+        d = (f"{diff[0] * 100:+.1f} [{diff[1] * 100:+.1f}, {diff[2] * 100:+.1f}]" if diff
+             else "-")
+        after = team(t[2], t[3])
+        rows.append(f"| `{arm}` | {s['seeds']} | {team(t[0], t[1])} -> "
+                    f"{f'**{after}**' if arm == 'at_grpo' else after} | "
+                    f"{pct(rd[0], rd[1])} -> {pct(rd[2], rd[3])} | "
+                    f"{pct(sv[0], sv[1])} -> {pct(sv[2], sv[3])} | {d} |")
+    return "\n".join(rows)
+
+
 def plot(results: dict[str, list[dict]], path: str) -> None:
     """Team, reader and solver success per arm: each run after training (filled, 95% Wilson
     interval) beside its own before (hollow), so the spread between seeds shows next to the
@@ -249,6 +275,8 @@ def main() -> None:
     ap.add_argument("--json", help="also write the per-arm figures here")
     ap.add_argument("--report", action="store_true",
                     help="run nothing: the table of the runs already recorded")
+    ap.add_argument("--markdown", action="store_true",
+                    help="also print the pooled table as Markdown (the READMEs' table)")
     ap.add_argument("--plot", help="also draw each run's before and after, per arm and role, "
                                    "into this image (PNG)")
     ap.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "ablation"),
@@ -280,6 +308,8 @@ def main() -> None:
           f"seeds {seeds}; {budget} per run; held-out {args.eval_tasks} tasks, "
           f"greedy; pooled over seeds, 95% Wilson intervals\n")
     print_table(summary)
+    if args.markdown:
+        print("\n" + markdown_table(summary))
     if args.plot:
         plot(results, args.plot)
         print(f"\nplot: {args.plot}")
