@@ -12,8 +12,10 @@ Agents on several hosts read one table: a path on a filesystem they all mount, o
 ``trainer/serving/alias_server.py``). A URL is polled by a background thread every
 ``AGL_BRIDGE_ALIASES_POLL_S`` seconds (default 1) with a conditional GET (ETag), so a call never
 waits on the network; a new table reaches an agent within the poll interval plus the request's
-time. The publisher retires a superseded version only after its drain time (``drain_s``, 5 s),
-which must exceed that: a call that resolved the old version still finds it loaded.
+time (a connection that fails is tried once more at once; two failures in a row wait for the
+next poll, with the last good table). The publisher retires a superseded version only after
+its drain time (``drain_s``, 5 s), which must exceed that: a call that resolved the old version
+still finds it loaded.
 
 The file is ``{"aliases": {"<alias>": "<served model name>", ...}}``. It is read inside the
 agent's own ``create()`` call, so a file that cannot be used (missing, unreadable, not JSON, not
@@ -39,6 +41,7 @@ from typing import Any
 ALIASES_ENV = "AGL_BRIDGE_ALIASES"
 POLL_ENV = "AGL_BRIDGE_ALIASES_POLL_S"
 DEFAULT_POLL_S = 1.0
+RETRY_S = 0.05  # a poll whose connection failed is tried again after this, once
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +191,25 @@ class HttpAliasTable:
             self._stop.wait(self.poll_s)
 
     def poll(self) -> None:
-        """One conditional GET; the table changes only on a usable 200."""
+        """One conditional GET; the table changes only on a usable 200.
+
+        A connection that fails (reset, refused, timed out) is tried once more at once: a
+        loaded server or network drops the odd connection, and waiting a whole poll interval
+        for the next try would delay a switch by that much (and warn of a blip that passed).
+        """
+        for attempt in (0, 1):
+            try:
+                self._fetch()
+            except OSError as exc:  # refused, reset, unreachable, timed out (not an answer)
+                if attempt == 0:
+                    if self._stop.wait(RETRY_S):
+                        return  # closed meanwhile
+                    continue
+                self._report(f"it cannot be reached ({type(exc).__name__})")
+            return
+
+    def _fetch(self) -> None:
+        """One GET; raises ``OSError`` only when no answer came."""
         import urllib.error
         import urllib.request
 
@@ -207,9 +228,6 @@ class HttpAliasTable:
             return
         except (ValueError, RecursionError) as exc:
             self._report(f"it is not valid JSON ({type(exc).__name__})")
-            return
-        except OSError as exc:  # refused, unreachable, timed out
-            self._report(f"it cannot be reached ({type(exc).__name__})")
             return
         if self._problem is not None:
             logger.info("agl_bridge: alias table %s is usable again", self.url)

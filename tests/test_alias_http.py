@@ -3,6 +3,8 @@ other hosts poll it (``AGL_BRIDGE_ALIASES=http://...``)."""
 
 import json
 import logging
+import socket
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -116,3 +118,46 @@ def test_the_environment_chooses_file_or_url(tmp_path, monkeypatch):
         table.close()
     with pytest.raises(ValueError, match="positive"):
         HttpAliasTable("http://x/aliases", poll_s=0)
+
+
+def test_a_dropped_connection_is_tried_again_at_once_and_not_reported(tmp_path, caplog):
+    """A loaded server or network drops the odd connection (CI saw a reset, then a failed
+    connect): the poll tries once more at once instead of waiting a whole interval with the
+    old table, and a blip that passed is not a warning. Two in a row are."""
+    registry = tmp_path / "registry"
+    _write(registry, {"coder": "coder@v1"})
+    resets = []
+
+    class Dropping(AliasServer):
+        """Resets the connections it is told to, like a peer that went away."""
+
+    with Dropping(registry) as server:
+        handle = server.httpd.finish_request
+
+        def finish_request(request, client_address):
+            if resets and resets.pop():
+                request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                   struct.pack("ii", 1, 0))  # close with RST, unanswered
+                return
+            handle(request, client_address)
+
+        server.httpd.finish_request = finish_request
+        table = HttpAliasTable(server.url, poll_s=3600)  # polled by hand below
+        try:
+            assert table.resolve("coder") == "coder@v1"
+            _write(registry, {"coder": "coder@v2"})
+            with caplog.at_level(logging.WARNING, logger="agl_bridge.aliases"):
+                resets[:] = [True]
+                table.poll()
+                assert resets == [] and table.resolve("coder") == "coder@v2"
+                assert caplog.records == []
+                _write(registry, {"coder": "coder@v3"})
+                resets[:] = [True, True]
+                table.poll()
+                assert resets == [] and table.resolve("coder") == "coder@v2"  # kept
+            assert len(caplog.records) == 1
+            assert "cannot be reached (" in caplog.records[0].getMessage()  # reset or disconnected
+            table.poll()
+            assert table.resolve("coder") == "coder@v3"
+        finally:
+            table.close()
