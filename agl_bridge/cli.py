@@ -23,7 +23,7 @@ import argparse
 import sys
 
 from agl_bridge import commands
-from agl_bridge.trainer.training.config import SFT_SELECTS
+from agl_bridge.trainer.training.config import SFT_SELECTS, TRAIN_ALGORITHMS
 
 
 def _loop_args(parser: argparse.ArgumentParser) -> None:
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="convert traces and train LoRA adapters")
     t.add_argument("traces", help="span Parquet (file or directory), OTLP/JSON, or transitions")
     t.add_argument("--base-model", required=True, help="a local Hugging Face model directory")
-    t.add_argument("--algorithm", choices=["at_grpo", "lightning_rl", "sft"],
+    t.add_argument("--algorithm", choices=TRAIN_ALGORITHMS,
                    help="default at_grpo (or the --config file's); sft: supervised fine-tuning "
                         "on the best of each group (--sft-select, --sft-min-reward)")
     t.add_argument("--sft-select", choices=SFT_SELECTS,

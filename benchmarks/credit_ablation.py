@@ -299,11 +299,9 @@ def main() -> None:
                 results[arm].append(data)
     summary = summarize(results)
     # the budget the runs had: the records' own (a report reads runs made with other flags)
-    rounds = {d.get("budget_rounds") for runs in results.values() for d in runs}
-    if not results or not any(results.values()):
-        rounds = {args.rounds}
-    budget = (", ".join(f"{r} rounds" if r else f"{args.minutes} min" for r in sorted(
-        rounds, key=lambda r: r or 0)))
+    rounds = {d.get("budget_rounds") or 0 for runs in results.values() for d in runs}
+    budget = ", ".join(f"{r} rounds" if r else f"{args.minutes} min"
+                       for r in sorted(rounds or {args.rounds}))
     print(f"\nrelay task, {'tiny model (plumbing only)' if args.quick else 'SmolLM2-135M'}; "
           f"seeds {seeds}; {budget} per run; held-out {args.eval_tasks} tasks, "
           f"greedy; pooled over seeds, 95% Wilson intervals\n")

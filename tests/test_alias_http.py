@@ -126,12 +126,9 @@ def test_a_dropped_connection_is_tried_again_at_once_and_not_reported(tmp_path, 
     old table, and a blip that passed is not a warning. Two in a row are."""
     registry = tmp_path / "registry"
     _write(registry, {"coder": "coder@v1"})
-    resets = []
+    resets = []  # the server resets the connections it is told to, like a peer gone away
 
-    class Dropping(AliasServer):
-        """Resets the connections it is told to, like a peer that went away."""
-
-    with Dropping(registry) as server:
+    with AliasServer(registry) as server:
         handle = server.httpd.finish_request
 
         def finish_request(request, client_address):

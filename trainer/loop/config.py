@@ -18,7 +18,7 @@ from typing import Any
 
 from agl_bridge.trainer.loop.gate import RULES, GateRule
 from agl_bridge.trainer.rewards.baselines import parse_baselines
-from agl_bridge.trainer.training.config import SFT_SELECTS
+from agl_bridge.trainer.training.config import SFT_SELECTS, TRAIN_ALGORITHMS, one_of
 
 
 @dataclass
@@ -102,11 +102,12 @@ class LoopConfig:
             raise ValueError("the gate needs eval_team (the team command run on eval_tasks)")
         if not self.agents:
             raise ValueError("agents: the aliases the team's agents ask for (one adapter each)")
-        if self.algorithm not in ("at_grpo", "lightning_rl", "sft"):
-            raise ValueError(f"algorithm must be at_grpo, lightning_rl or sft, got "
+        if self.algorithm not in TRAIN_ALGORITHMS:
+            raise ValueError(f"algorithm must be {one_of(TRAIN_ALGORITHMS)}, got "
                              f"{self.algorithm!r}")
         if self.sft_select not in SFT_SELECTS:
-            raise ValueError(f"sft_select must be best or threshold, got {self.sft_select!r}")
+            raise ValueError(f"sft_select must be {one_of(SFT_SELECTS)}, got "
+                             f"{self.sft_select!r}")
         if self.sft_select == "threshold" and self.sft_min_reward is None:
             raise ValueError("sft_select = 'threshold' needs sft_min_reward")
         if self.policy not in ("shared", "per_agent_lora", "per_agent_model"):

@@ -45,7 +45,7 @@ from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop, log
 from agl_bridge.trainer.loop.report import episode_stats, write_report
 from agl_bridge.trainer.loop.team import TeamRun, write_tasks
-from agl_bridge.trainer.training.config import SFT_SELECTS
+from agl_bridge.trainer.training.config import SFT_SELECTS, TRAIN_ALGORITHMS
 
 TEAM_MODULE = "agl_bridge.trainer.loop.teams.arith"
 ALIASES = ("solver", "checker")
@@ -160,7 +160,7 @@ def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.Argument
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=1, help="passes over each round's data")
     ap.add_argument("--alpha", type=float, default=1.0, help="AT-GRPO team reward weight")
-    ap.add_argument("--algorithm", choices=("at_grpo", "lightning_rl", "sft"),
+    ap.add_argument("--algorithm", choices=TRAIN_ALGORITHMS,
                     default="at_grpo", help="credit assignment and groups (lightning_rl: the "
                     "team reward to every transition, task groups), or sft on the best rollouts")
     ap.add_argument("--sft-select", choices=SFT_SELECTS, default="best",

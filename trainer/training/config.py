@@ -14,9 +14,18 @@ POLICIES: tuple[Policy, ...] = ("shared", "per_agent_lora", "per_agent_model")
 Parallelism = Literal["data", "fsdp"]
 PARALLELISMS: tuple[Parallelism, ...] = ("data", "fsdp")
 LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
+# what train_from_traces, the CLI and the loop train with: a credit assignment
+# (trainer/rewards/credit.py's ALGORITHMS) or supervised fine-tuning
+TRAIN_ALGORITHMS: tuple[str, ...] = ("at_grpo", "lightning_rl", "sft")
+
 # what SFT imitates: the best of each group, or every transition above a reward
 SftSelect = Literal["best", "threshold"]
 SFT_SELECTS: tuple[SftSelect, ...] = ("best", "threshold")
+
+
+def one_of(names: tuple[str, ...]) -> str:
+    """``a, b or c``: the choices as an error message names them."""
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 @dataclass

@@ -21,9 +21,9 @@ from typing import Any, Literal
 import pyarrow.parquet as pq
 
 from agl_bridge.trainer.conversion import ConversionStats, ConvertConfig, convert
-from agl_bridge.trainer.rewards.credit import ALGORITHMS, Algorithm
+from agl_bridge.trainer.rewards.credit import Algorithm
 from agl_bridge.trainer.rewards.recipes import Recipe, load_recipe
-from agl_bridge.trainer.training.config import POLICIES, Policy
+from agl_bridge.trainer.training.config import POLICIES, TRAIN_ALGORITHMS, Policy, one_of
 
 
 @dataclass
@@ -99,12 +99,11 @@ def train_from_traces(
     from agl_bridge.trainer.training.distributed import world_and_rank
     from agl_bridge.trainer.training.loop import train_policy
 
-    if algorithm not in (*ALGORITHMS, "sft"):
-        raise ValueError(f"algorithm must be at_grpo, lightning_rl or sft, got {algorithm!r}")
+    if algorithm not in TRAIN_ALGORITHMS:
+        raise ValueError(f"algorithm must be {one_of(TRAIN_ALGORITHMS)}, got {algorithm!r}")
     credit: Algorithm = "at_grpo" if algorithm == "sft" else algorithm
     if policy not in POLICIES:
-        raise ValueError(f"policy must be shared, per_agent_lora or per_agent_model, "
-                         f"got {policy!r}")
+        raise ValueError(f"policy must be {one_of(POLICIES)}, got {policy!r}")
     convert_options, train_options = split_options(options)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
