@@ -9,8 +9,8 @@ Three teams, each driven through the real framework with the model answering fro
   before (the cost of a step grew run after run, and the on/off difference drowned in that
   drift: the "+-20%" of the first version of this script).
 * **MassGen** 0.1.97 (in its own venv, ``.cache/venv-massgen``, built by
-  ``tests/test_massgen_integration.py``: it pins openai 2.2.0): ``massgen.run`` of a 2-agent
-  team, 5 LLM calls (2 answers, 2 votes, 1 final presentation), worker
+  ``tests/integrations/test_massgen_integration.py``: it pins openai 2.2.0): ``massgen.run`` of a
+  2-agent team, 5 LLM calls (2 answers, 2 votes, 1 final presentation), worker
   ``benchmarks/overhead_massgen.py``; MassGen's pricing download is patched out as the test does.
 
 LangGraph and AutoGen answer through an in-process mock transport (a vLLM-like JSON body), so
@@ -195,8 +195,8 @@ def _massgen_call(name, **arguments):
 
 
 def massgen_script(body):
-    """As tests/test_massgen_integration.py: answer while no answer exists, then vote for
-    agent1; the winner presents."""
+    """As tests/integrations/test_massgen_integration.py: answer while no answer exists, then
+    vote for agent1; the winner presents."""
     tools = {t["function"]["name"] for t in body.get("tools") or []}
     text = json.dumps(body.get("messages"))
     if "vote" in tools:
@@ -285,7 +285,7 @@ def main() -> None:
     if "massgen" in frameworks and not MASSGEN_PYTHON.exists():
         frameworks.remove("massgen")
         notes.append(f"MassGen NOT MEASURED: no {MASSGEN_PYTHON} (run "
-                     "tests/test_massgen_integration.py once to build it)")
+                     "tests/integrations/test_massgen_integration.py once to build it)")
     jobs = [(f, aa) for f in frameworks for aa in ((False,) if args.no_aa else (False, True))]
 
     def shape(f):

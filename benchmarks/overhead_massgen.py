@@ -1,14 +1,14 @@
 """MassGen worker for ``integration_overhead.py``: runs inside MassGen's own venv.
 
-MassGen 0.1.97 pins openai 2.2.0, so it cannot share the dev venv; ``integration_overhead.py``
-runs this file with ``.cache/venv-massgen/bin/python`` (built by
-``tests/test_massgen_integration.py``) against a scripted vLLM-like server that it runs in its
-own process (so the server's CPU time is not in ours). One process: warm up, then ``pairs``
+MassGen 0.1.97 pins openai 2.2.0, so it cannot share the dev venv; ``integration_overhead.py`` runs
+this file with ``.cache/venv-massgen/bin/python`` (built by
+``tests/integrations/test_massgen_integration.py``) against a scripted vLLM-like server that it runs
+in its own process (so the server's CPU time is not in ours). One process: warm up, then ``pairs``
 pairs of blocks of ``runs`` ``massgen.run`` calls (a 2-agent team: 2 answers, 2 votes, 1 final
-presentation = 5 LLM calls), one block with the integration on (MassGen + OpenAI instrumentors,
-as ``AGL_BRIDGE_AUTO`` switches on) and one with everything off, in random order per pair.
-With ``--aa`` both blocks are off: the A/A control. Prints one JSON line: per-pair CPU and wall
-seconds per run for each side, and spans exported per run.
+presentation = 5 LLM calls), one block with the integration on (MassGen + OpenAI instrumentors, as
+``AGL_BRIDGE_AUTO`` switches on) and one with everything off, in random order per pair. With
+``--aa`` both blocks are off: the A/A control. Prints one JSON line: per-pair CPU and wall seconds
+per run for each side, and spans exported per run.
 
     .cache/venv-massgen/bin/python benchmarks/overhead_massgen.py BASE_URL [--pairs N] [--runs N]
 """

@@ -13,6 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agl_bridge.otel.processors import ScopeSpanProcessor
+from tests.massgen_venv import build_massgen_python
+from tests.paths import EXAMPLES, ROOT
 
 # One global provider for the whole session (OpenTelemetry allows setting it once).
 _MEMORY = InMemorySpanExporter()
@@ -40,13 +42,18 @@ def provider() -> TracerProvider:
 def built_wheel(tmp_path_factory) -> Path:
     """This tree built as a wheel (with the start-up hook), as users install it."""
     dist = tmp_path_factory.mktemp("dist")
-    root = Path(__file__).resolve().parents[1]
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                            "--no-build-isolation", "-w", str(dist), str(root)],
+                            "--no-build-isolation", "-w", str(dist), str(ROOT)],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     (wheel,) = dist.glob("agl_bridge-*.whl")
     return wheel
+
+
+@pytest.fixture(scope="module")
+def massgen_python(built_wheel) -> Path:
+    """The python of a venv holding the real MassGen 0.1.97 and this tree's wheel."""
+    return build_massgen_python(built_wheel)
 
 
 @pytest.fixture(scope="session")
@@ -88,9 +95,6 @@ def instrumented():
     inst.uninstrument()
     if not routed:  # instrument() turned alias routing on, and uninstrument() leaves it on
         disable_routing()
-
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def load_example(name: str) -> ModuleType:

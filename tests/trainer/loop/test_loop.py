@@ -1,0 +1,256 @@
+"""``agl-bridge loop`` on real training (a tiny model) with a scripted server in vLLM's place:
+the gate refuses a worse candidate, the watch rolls back a version whose live reward dropped,
+and a loop killed mid-run goes on from its state file. The scripted server makes "worse"
+deterministic: it answers wrongly for the adapter versions a test names."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agl_bridge.trainer.loop.config import LoopConfig
+from agl_bridge.trainer.loop.engine import Loop
+from agl_bridge.trainer.loop.gate import gate, paired
+from agl_bridge.trainer.loop.team import write_tasks
+from agl_bridge.trainer.loop.watch import watch
+from tests.paths import AGENTS
+from tests.scripted_server import ScriptedServer
+
+TEAM = f"python {AGENTS / 'loop_team.py'}"
+
+
+def server_for(bad: set[str]) -> ScriptedServer:
+    """A vLLM stand-in whose named versions answer wrongly and all others rightly."""
+    def script(body):
+        if body["model"] in bad:
+            return "no", []
+        match = re.search(r"say (\d+)", body["messages"][-1]["content"])
+        return (match.group(1) if match else "ok"), []
+    return ScriptedServer(vllm=True, lora=True, base_model="base", script=script,
+                          completion_ids=[11, 12])
+
+
+def setup(tmp_path, tiny, server, **settings):
+    write_tasks(tmp_path / "train.jsonl", [{"task_id": f"t{i}", "number": i} for i in range(12)])
+    write_tasks(tmp_path / "eval.jsonl", [{"task_id": f"e{i}", "number": 100 + i}
+                                          for i in range(6)])
+    values = dict(workdir=str(tmp_path / "loop"), model=str(tiny), server=server.base_url,
+                  registry=str(tmp_path / "registry"), agents=["solver"], team=TEAM,
+                  tasks=str(tmp_path / "train.jsonl"), tasks_per_round=4, rollouts=2,
+                  eval_tasks=str(tmp_path / "eval.jsonl"), learning_rate=1e-2, batch_size=4,
+                  lora_r=4, rounds=2, minutes=30, watch_episodes=4, missing_reward="drop")
+    values.update(settings)
+    return LoopConfig(**values)
+
+
+def test_the_gate_refuses_a_worse_candidate_and_publishes_a_good_one(tmp_path, tiny):
+    with server_for(bad={"solver@v1"}) as server:
+        data = Loop(setup(tmp_path, tiny, server)).run()
+    r0, r1 = data["rounds"]
+    assert r0["gate"]["publish"] is False and r0["gate"]["difference"] == -1.0
+    assert "refused" not in r0 and r0.get("published") is None
+    assert r0["live_after"] == {"solver": "base"}  # the worse adapter never went live
+    assert r1["gate"]["publish"] is True and r1["published"] == {"solver": "solver@v2"}
+    assert data["live"] == {"solver": "solver@v2"}
+    assert json.loads((tmp_path / "registry" / "aliases.json").read_text())["aliases"] == {
+        "solver": "solver@v2"}
+    assert "solver@v1" not in server.adapters  # the refused candidate was unloaded
+    refused = [e for e in data["events"] if e["event"] == "refused"]
+    assert len(refused) == 1 and "95% interval" in refused[0]["reason"]
+    assert data["final"]["score"] == 1.0 and data["baseline"]["score"] == 1.0
+
+
+def test_a_shared_policy_is_published_to_every_agent_and_trained_on(tmp_path, tiny):
+    """policy="shared" trains one adapter (``policy``): each agent serves it under its own
+    alias, and the next round continues it (it was published to no agent, and the team stayed
+    on the base model)."""
+    with server_for(bad=set()) as server:
+        data = Loop(setup(tmp_path, tiny, server, policy="shared")).run()
+    r0, r1 = data["rounds"]
+    assert r0["adapters"] == {"policy": str(tmp_path / "loop" / "adapters" / "policy" / "v0001")}
+    assert r0["published"] == {"solver": "solver@v1"}
+    assert r1["published"] == {"solver": "solver@v2"} and data["live"] == {"solver": "solver@v2"}
+    assert (tmp_path / "loop" / "adapters" / "policy" / "v0002").is_dir()
+    assert "solver@v2" in server.adapters
+
+
+def test_the_watch_rolls_back_a_version_whose_live_reward_dropped(tmp_path, tiny):
+    # the gate is off; v1 goes live, then answers wrongly in the rollouts it serves
+    with server_for(bad={"solver@v1"}) as server:
+        data = Loop(setup(tmp_path, tiny, server, gate="off", eval_tasks=None)).run()
+    r0, r1 = data["rounds"]
+    assert r0["published"] == {"solver": "solver@v1"}
+    assert r1["watch"]["verdict"] == "rollback" and r1["rolled_back"] is True
+    assert r1["watch"]["current"] == 0.0 and r1["watch"]["previous"] == 1.0
+    back = [e for e in data["events"] if e["event"] == "rolled back"]
+    assert back and back[0]["to"] == {"solver": "base"}
+    # round 1 then trained from base and published v2, which the server answers rightly
+    assert r1["published"] == {"solver": "solver@v2"} and data["live"] == {"solver": "solver@v2"}
+
+
+def test_a_killed_loop_goes_on_from_its_state(tmp_path, tiny):
+    with server_for(bad=set()) as server:
+        cfg = setup(tmp_path, tiny, server, gate="off", rounds=3)
+        config = tmp_path / "loop.json"
+        config.write_text(json.dumps({k: v for k, v in cfg.settings().items()}))
+        state = tmp_path / "loop" / "state.json"
+        cmd = [sys.executable, "-m", "agl_bridge.cli", "loop", "--config", str(config)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:  # wait until round 0 is recorded
+                if state.exists() and len(json.loads(state.read_text())["rounds"]) >= 1:
+                    break
+                time.sleep(0.2)
+            else:
+                pytest.fail("round 0 never finished")
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        round0 = json.loads(state.read_text())["rounds"][0]
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    data = json.loads(state.read_text())
+    assert data["resumed"] == 1 and len(data["rounds"]) == 3
+    assert data["rounds"][0] == round0  # kept as it was
+    assert [r["published"] for r in data["rounds"]] == [
+        {"solver": f"solver@v{n}"} for n in (1, 2, 3)]
+    assert "round 2" in again.stdout and "held-out score" in again.stdout
+
+
+def test_live_replay_turns_new_episodes_into_groups(tmp_path, tiny):
+    """Production episodes never repeat; the loop plays the newest inputs again K times
+    (their recorded ``app.number``) so each becomes a group, beside the live singles."""
+    from agl_bridge.aliases import AliasTable
+    from agl_bridge.trainer.loop.team import run_team
+
+    with server_for(bad=set()) as server:
+        aliases = AliasTable(tmp_path / "prod-aliases.json")
+        aliases.write({"solver": "base"})
+        run_team(TEAM, [{"task_id": f"p{i}", "number": i} for i in range(6)],
+                 tmp_path / "prod", base_url=server.base_url, aliases=aliases.path)
+        server.requests.clear()
+        cfg = setup(tmp_path, tiny, server, team=None, tasks=None,
+                    traces=str(tmp_path / "prod" / "spans"), settle_s=0.0, min_episodes=6,
+                    max_wait_s=5.0, rounds=1, gate="off", eval_tasks=None,
+                    baseline="group,batch", replay_k=3, replay_inputs=4, replay_team=TEAM,
+                    replay_field="app.number")
+        data = Loop(cfg).run()
+        asked = [b["messages"][-1]["content"] for b in server.requests
+                 if b.get("messages") and b["messages"][-1]["content"].startswith("say")]
+    (r0,) = data["rounds"]
+    assert r0["replay"]["inputs"] == 4 and r0["replay"]["k"] == 3
+    # the four newest inputs, three times each, against the live (base) version
+    assert sorted(asked) == sorted(f"say {n}" for n in (2, 3, 4, 5) for _ in range(3))
+    # 12 replayed transitions in groups of 3, the 6 live singles against the batch
+    assert r0["baselines"] == {"group": 12, "batch": 6} and r0["transitions"] == 18
+    assert r0["published"] == {"solver": "solver@v1"}
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"replay_k": 4}, "replay plays the inputs of a live traces directory"),
+    ({"team": None, "tasks": None, "traces": "live", "replay_k": 1},
+     "replay_k must be at least 2"),
+    ({"team": None, "tasks": None, "traces": "live", "replay_k": 4, "replay_inputs": 0},
+     "replay_inputs must be at least 1"),
+    ({"team": None, "tasks": None, "traces": "live", "replay_k": 4, "gate": "off"},
+     "replay needs a team command"),
+])
+def test_replay_settings_are_checked(settings, problem):
+    _refused(settings, problem)
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"algorithm": "ppo"}, "algorithm must be at_grpo, lightning_rl or sft"),
+    ({"policy": "solo"}, "policy must be shared, per_agent_lora or per_agent_model"),
+    ({"train_agents": ["b"]}, r"train_agents \['b'\] must be among agents \['a'\]"),
+    ({"algorithm": "sft", "sft_select": "top"}, "sft_select must be best or threshold"),
+    ({"algorithm": "sft", "sft_select": "threshold"}, "needs sft_min_reward"),
+])
+def test_training_settings_are_checked(settings, problem):
+    _refused(settings, problem)
+
+
+@pytest.mark.parametrize("settings, options", [
+    ({}, {}),
+    ({"train_agents": ["a"]}, {"train_agents": ["a"]}),
+    ({"algorithm": "sft"}, {"sft_select": "best"}),
+    ({"algorithm": "sft", "sft_select": "threshold", "sft_min_reward": 1.0},
+     {"sft_select": "threshold", "sft_min_reward": 1.0}),
+    ({"sft_select": "threshold", "sft_min_reward": 1.0}, {}),  # not sft: not the trainer's
+])
+def test_the_trainer_gets_single_role_and_sft_selection_options(settings, options):
+    loop = Loop.__new__(Loop)  # _train_options reads the config only
+    loop.cfg = LoopConfig(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off",
+                          **settings).check()
+    assert loop._train_options() == options
+
+
+def _refused(settings, problem):
+    values = dict(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off")
+    values.update(settings)
+    with pytest.raises(ValueError, match=problem):
+        LoopConfig(**values).check()
+
+
+@pytest.mark.parametrize("live, candidate, rule, publish", [
+    ({"a": 1, "b": 1, "c": 0}, {"a": 1, "b": 1, "c": 0}, "not_worse", True),
+    ({"a": 1, "b": 1, "c": 1, "d": 1}, {"a": 0, "b": 0, "c": 0, "d": 0}, "not_worse", False),
+    ({"a": 1, "b": 0, "c": 1, "d": 0}, {"a": 0, "b": 1, "c": 0, "d": 1}, "not_worse", True),
+    ({"a": 0, "b": 0, "c": 0}, {"a": 1, "b": 1, "c": 1}, "better", True),
+    ({"a": 0, "b": 1, "c": 0}, {"a": 1, "b": 0, "c": 1}, "better", False),
+    ({"a": 1}, {"b": 0}, "not_worse", False),  # nothing scored for both: refused
+    ({"a": 1}, {"b": 0}, "off", True),
+])
+def test_gate_rules(live, candidate, rule, publish):
+    decision = gate(live, candidate, rule=rule)
+    assert decision.publish is publish, decision.rule
+
+
+def test_paired_interval_by_hand():
+    n, l_mean, c_mean, diff, low, high = paired({"a": 1, "b": 0, "c": 1}, {"a": 1, "b": 1,
+                                                                         "c": 0, "x": 5})
+    assert (n, l_mean, c_mean, diff) == (3, pytest.approx(2 / 3), pytest.approx(2 / 3), 0.0)
+    half = 1.959964 * 1.0 / 3 ** 0.5  # differences 0, 1, -1: sd 1
+    assert (low, high) == (pytest.approx(-half), pytest.approx(half))
+
+
+@pytest.mark.parametrize("previous, current, verdict", [
+    ([1.0] * 10, [0.0] * 10, "rollback"),
+    ([1.0, 0.0] * 5, [1.0, 0.0] * 5, "keep"),
+    ([1.0] * 10, [0.98] * 10, "keep"),  # below by less than the margin
+    ([1.0, 0.0] * 5, [0.0, 1.0, 0.0] * 3 + [0.0], "keep"),  # lower, within noise
+    ([1.0] * 10, [0.0] * 3, "wait"),
+])
+def test_watch_rules(previous, current, verdict):
+    assert watch(previous, current, margin=0.05, min_episodes=5).verdict == verdict
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"judge": "rubric.toml"}, "judge scores a live traces directory"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "missing.toml"},
+     "is not a rubric file"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
+      "judge_mode": "pairs"}, "judge_mode must be absolute or relative"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
+      "judge_max_episodes": 0}, "judge_max_episodes must be at least 1"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
+      "judge_extra_body": "{top_k: 5}"}, "judge_extra_body is not JSON"),
+    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
+      "judge_extra_body": "[5]"}, "judge_extra_body must be a JSON object"),
+    ({"judge_max_episode_chars": 10}, "judge_max_episode_chars must be at least 100"),
+])
+def test_judge_settings_are_checked(tmp_path, monkeypatch, settings, problem):
+    monkeypatch.chdir(tmp_path)
+    Path("rubric.toml").write_text('name = "x"\ninstructions = "y"\n')
+    values = dict(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off")
+    values.update(settings)
+    with pytest.raises(ValueError, match=problem):
+        LoopConfig(**values).check()
