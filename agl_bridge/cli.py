@@ -13,6 +13,11 @@
     agl-bridge recover DIR                          write-ahead logs of dead writers -> Parquet
     agl-bridge feedback FILE --out DIR              scores that arrived later -> span Parquet
     agl-bridge judge SPANS --rubric F --base-url U --model M   LLM judge scores -> evaluations
+    agl-bridge replay SPANS --team CMD --out DIR    stored episodes' inputs played K times again
+    agl-bridge aliases-serve --registry DIR         the alias table over HTTP, for other hosts
+
+Commands with settings (demo, loop, convert, train, judge) take them as flags and as a file
+(``--config``) with the same names, and show the values a run would use (``--print-config``).
 
 Training imports torch only when ``train`` runs, so the capture install can use ``convert``.
 """
@@ -22,32 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agl_bridge import commands
-from agl_bridge.trainer.training.config import SFT_SELECTS, TRAIN_ALGORITHMS
-
-
-def _loop_args(parser: argparse.ArgumentParser) -> None:
-    """Every LoopConfig setting as a flag (help from its comment in config.py)."""
-    import dataclasses
-
-    from agl_bridge.trainer.loop.config import LoopConfig, setting_help
-
-    parser.add_argument("--config", help="a TOML or JSON file of these settings (flags win)")
-    parser.add_argument("--fresh", action="store_true", help="discard an earlier run in workdir")
-    helps = setting_help()
-    for f in dataclasses.fields(LoopConfig):
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        kind = type(default) if default is not None and not isinstance(default, bool) else str
-        if f.name == "agents":
-            parser.add_argument(flag, dest=f"loop_{f.name}", nargs="+", metavar="ALIAS",
-                                help=helps.get(f.name))
-        elif isinstance(default, bool):
-            parser.add_argument(flag, dest=f"loop_{f.name}", action="store_true", default=None,
-                                help=helps.get(f.name))
-        else:
-            parser.add_argument(flag, dest=f"loop_{f.name}", type=kind, metavar=f.name.upper(),
-                                help=f"{helps.get(f.name, '')} (default: {default})")
+from agl_bridge import commands, settings
 
 
 def _positive_int(text: str) -> int:
@@ -64,31 +44,40 @@ def _port(text: str) -> int:
     return value
 
 
-def baseline_args(parser: argparse.ArgumentParser, default: str | None = "group") -> None:
-    parser.add_argument("--baseline", default=default, metavar="group|batch|key:ATTR[,...]",
-                        help="what rewards are compared with, first that applies: group (the "
-                             "rollouts of the same task; default), batch (the same agent and "
-                             "turn over the whole output: for traffic that never repeats), "
-                             "key:ATTRIBUTE (leave-one-out over episodes sharing that "
-                             "attribute), e.g. group,batch")
-    parser.add_argument("--per-agent-advantages", action="store_true", default=None,
-                        help="normalise with each agent's own statistics (Dr. MAS)")
+def _settings_args(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--config`` and ``--print-config``, the same for every command with settings."""
+    parser.add_argument("--config", metavar="FILE.toml|FILE.json",
+                        help=f"a file of {what} (the names of the flags; flags win over it)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the settings this run would use, each with where its "
+                             "value came from (default, file, flag), and exit")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser; its flags are made from the settings' declarations (``agl_bridge.settings``)
+    and nothing heavy is imported: no torch, no pyarrow, not the demo."""
+    from agl_bridge.trainer.conversion.config import ConvertConfig
+    from agl_bridge.trainer.judging.config import JudgeConfig
+    from agl_bridge.trainer.loop.config import LoopConfig
+    from agl_bridge.trainer.loop.demo_config import DEMO_OVERRIDES, DEMO_SETTINGS, DemoConfig
+    from agl_bridge.trainer.training.config import GRPOConfig
+
     ap = argparse.ArgumentParser(prog="agl-bridge",
                                  description="agl-bridge: the pipeline's stages from the shell.")
     sub = ap.add_subparsers(dest="command", required=True)
-
-    from agl_bridge.trainer.loop import demo
 
     lp = sub.add_parser("loop", help="train, gate, publish and watch, round after round, for "
                                      "any team (the continuous loop)",
                         description="The continuous loop: collect episodes (a team command "
                                     "run on tasks, or a live trace directory), train from the "
                                     "live adapters, gate the candidate on held-out tasks, "
-                                    "publish, watch live rewards and roll back. Resumable.")
-    _loop_args(lp)
+                                    "publish, watch live rewards and roll back. Resumable. "
+                                    "The stages' settings are tables of the file ([train], "
+                                    "[convert], [judge], [gate], [watch]) and dotted flags "
+                                    "(--train.learning-rate).")
+    _settings_args(lp, "loop settings")
+    lp.add_argument("--fresh", action="store_true", help="discard an earlier run in workdir")
+    settings.add_flags(lp, LoopConfig)
     lp.set_defaults(func=commands.loop)
 
     rp_ = sub.add_parser("replay", help="play the inputs of stored episodes again, K times "
@@ -110,61 +99,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="the main job: an AutoGen team of two agents learns from "
                                     "its own traces (closed loop on vLLM)",
-                       description=demo.__doc__.splitlines()[0])
-    demo.build_parser(d)
+                       description="The main job: a closed learning loop that measurably "
+                                   "improves a two-agent AutoGen team. A client of the loop: "
+                                   "its settings are the loop's (same names), with the demo's "
+                                   "own values for its small model as defaults, plus the "
+                                   "demo's own. --model: smollm2 or tiny (built locally) or a "
+                                   "model directory.")
+    _settings_args(d, "demo and loop settings")
+    d.add_argument("--fresh", action="store_true", help="discard an earlier run in --workdir")
+    settings.add_flags(d, DemoConfig)
+    settings.add_flags(d, LoopConfig, only=DEMO_SETTINGS, defaults=settings.paths_values(
+        DEMO_OVERRIDES))
     d.set_defaults(func=commands.demo)
 
     c = sub.add_parser("convert", help="span Parquet -> transitions Parquet")
     c.add_argument("spans", help="a span Parquet file or a directory of them")
     c.add_argument("out", help="transitions Parquet file to write")
-    c.add_argument("--missing-reward", default="drop",
-                   help="'drop' episodes without a reward (default) or a number to give them")
-    c.add_argument("--algorithm", choices=["at_grpo", "lightning_rl"], default="at_grpo",
-                   help="credit and groups: AT-GRPO (task, agent, turn) or LightningRL (task)")
-    c.add_argument("--alpha", type=float, default=1.0,
-                   help="AT-GRPO: reward = alpha * team + local (default 1)")
-    c.add_argument("--gamma", type=float, default=1.0,
-                   help="discount of the team reward over an agent's turns (default 1: none)")
-    c.add_argument("--advantage-unit", choices=["transition", "rollout"], default="transition",
-                   help="what counts once in a group's mean and std")
-    c.add_argument("--no-scale-advantages", action="store_true",
-                   help="mean-centre only (Dr. GRPO), do not divide by the std")
-    baseline_args(c)
-    c.add_argument("--retokenize", metavar="TOKENIZER_DIR",
-                   help="rebuild ids from captured messages for spans without them (flagged), "
-                        "and count disagreements with recorded ids")
-    c.add_argument("--workers", type=int, default=1,
+    _settings_args(c, "conversion settings")
+    settings.add_flags(c, ConvertConfig)
+    c.add_argument("--workers", type=_positive_int, default=1,
                    help="processes converting in parallel, each its part of the tasks; OUT "
                         "is then a directory of their parts (trains like one file)")
     c.add_argument("--part", metavar="I/N",
                    help="convert only part I of N (0-based): one machine's share of the "
                         "tasks; a directory of the N outputs trains like one file")
-    c.add_argument("--max-rows-in-memory", type=int, default=100_000,
+    c.add_argument("--max-rows-in-memory", type=_positive_int, default=100_000,
                    help="past this many span rows, convert bucket by bucket (flat memory)")
-    c.add_argument("--rewards", metavar="RECIPE.toml",
-                   help="a reward recipe: rewards derived from what the spans hold (tool "
-                        "failures, votes, DAG tasks, cost) and which evaluations count")
-    c.add_argument("--evaluation", action="append", metavar="NAME=WEIGHT",
-                   help="count evaluations (feedback, gen_ai.evaluation.result, judges) named "
-                        "NAME with this weight; repeatable. Unset: every name, weight 1; once "
-                        "set, only the names given")
-    c.add_argument("--evaluation-label", action="append", metavar="LABEL=VALUE",
-                   help="score label-only evaluations (e.g. pass=1, fail=0); repeatable")
     c.set_defaults(func=commands.convert)
 
-    t = sub.add_parser("train", help="convert traces and train LoRA adapters")
+    t = sub.add_parser("train", help="convert traces and train LoRA adapters",
+                       description="Convert traces (the conversion's settings) and train (the "
+                                   "training's settings; TRL's names) new LoRA adapter "
+                                   "versions.")
     t.add_argument("traces", help="span Parquet (file or directory), OTLP/JSON, or transitions")
     t.add_argument("--base-model", required=True, help="a local Hugging Face model directory")
-    t.add_argument("--algorithm", choices=TRAIN_ALGORITHMS,
-                   help="default at_grpo (or the --config file's); sft: supervised fine-tuning "
-                        "on the best of each group (--sft-select, --sft-min-reward)")
-    t.add_argument("--sft-select", choices=SFT_SELECTS,
-                   help="sft: imitate the best of each group (default), or every transition "
-                        "with reward >= --sft-min-reward")
-    t.add_argument("--sft-min-reward", type=float,
-                   help="sft: the reward a transition (threshold) or a group's best must reach")
-    t.add_argument("--policy", choices=["shared", "per_agent_lora", "per_agent_model"],
-                   help="default shared (or the --config file's)")
     t.add_argument("--adapters-dir", help="where versions are numbered (default: "
                                           "OUTPUT_DIR/adapters); share it between runs")
     t.add_argument("--continue", dest="continue_adapters", action="store_true",
@@ -172,26 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output-dir", default="agl_bridge_run")
     t.add_argument("--adapter-name", default="policy", help="the shared policy's adapter")
     t.add_argument("--init-adapter", help="continue the shared adapter from this version")
-    t.add_argument("--config", help="JSON or TOML file of options (TRL-style names)")
-    t.add_argument("--learning-rate", type=float)
-    t.add_argument("--num-train-epochs", type=int)
-    t.add_argument("--per-device-train-batch-size", type=int)
-    t.add_argument("--epsilon", type=float)
-    t.add_argument("--beta", type=float, help="KL weight (k3, reference = adapter disabled)")
-    t.add_argument("--loss-type", choices=["grpo", "bnpo", "dapo", "dr_grpo"])
-    t.add_argument("--lora-r", type=int)
-    t.add_argument("--seed", type=int)
-    t.add_argument("--gradient-accumulation-steps", type=int)
-    t.add_argument("--parallelism", choices=["data", "fsdp"],
-                   help="under torchrun: data parallel (default; every rank holds the model) "
-                        "or FSDP2 (the model's blocks sharded over the ranks)")
-    t.add_argument("--save-steps", type=int, help="checkpoint every N optimizer steps")
-    t.add_argument("--max-steps", type=int, help="stop after N optimizer steps")
-    baseline_args(t, default=None)
-    t.add_argument("--rewards", metavar="RECIPE.toml",
-                   help="a reward recipe applied at conversion (see agl-bridge convert)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --output-dir")
+    _settings_args(t, "conversion and training settings, one table")
+    settings.add_flags(t, ConvertConfig)
+    settings.add_flags(t, GRPOConfig)
     t.set_defaults(func=commands.train)
 
     def registry_args(parser):
@@ -280,37 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "them into rewards). Verdicts are cached in "
                                    "SPANS_DIR/_judge/: a second run asks nothing. Exit status "
                                    "1 if an episode could not be scored or the input had "
-                                   "problems (all named). See docs/judges.md.")
+                                   "problems (all named). --rubric, --base-url and --model "
+                                   "are needed (flags or file). See docs/judges.md.")
     j.add_argument("spans", metavar="SPANS_DIR", help="a span Parquet directory")
-    j.add_argument("--rubric", required=True, metavar="FILE",
-                   help="TOML (name, instructions, scale = [low, high]) or plain text")
-    j.add_argument("--base-url", required=True, metavar="URL",
-                   help="the judge's OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 "
-                        "(API key: $OPENAI_API_KEY)")
-    j.add_argument("--model", required=True, metavar="NAME", help="the judge model's name there")
-    j.add_argument("--mode", choices=["absolute", "relative"], default="absolute",
-                   help="absolute: each episode alone; relative: the episodes of one task "
-                        "together, on one scale (RULER-style)")
-    j.add_argument("--tokenizer", metavar="DIR",
-                   help="the served model's tokenizer, to read episodes captured with token "
-                        "ids only")
-    j.add_argument("--concurrency", type=_positive_int, default=4,
-                   help="requests in flight (default 4)")
-    j.add_argument("--retries", type=int, default=2,
-                   help="asks again after an unparsable verdict or a transient error "
-                        "(default 2)")
-    j.add_argument("--max-episodes", type=_positive_int, metavar="N",
-                   help="judge at most N episodes (relative mode never splits a group)")
-    j.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    j.add_argument("--temperature", type=float, default=0.0,
-                   help="the first ask's temperature (retries use at least 0.7)")
-    j.add_argument("--max-tokens", type=_positive_int,
-                   help="per answer (default 400; relative: 150 + 100 per episode)")
-    j.add_argument("--structured", action="store_true",
-                   help="ask for the verdict's JSON schema as response_format (vLLM, OpenAI)")
-    j.add_argument("--extra-body", metavar="JSON",
-                   help="more request fields, merged into every request (e.g. vLLM's "
-                        "'{\"structured_outputs\": {\"regex\": \"...\"}}')")
+    _settings_args(j, "judge settings")
+    settings.add_flags(j, JudgeConfig)
     j.add_argument("--quiet", action="store_true", help="no progress bar")
     j.set_defaults(func=commands.judge)
 

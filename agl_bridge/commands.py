@@ -13,28 +13,55 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from agl_bridge.trainer.rewards.credit import Algorithm
-    from agl_bridge.trainer.training.config import Policy
+T = TypeVar("T")
+
+
+def file_settings(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The ``--config`` file's settings, read once (``settings.read_file``), and its label."""
+    from agl_bridge.settings import read_file
+
+    if not getattr(args, "config", None):
+        return "file", {}
+    return f"file {args.config}", read_file(args.config)
+
+
+def resolved(cls: type[T], args: argparse.Namespace, *, overrides: dict[str, Any] | None = None,
+             file_values: dict[str, Any] | None = None, file_label: str = "file"
+             ) -> tuple[T, dict[str, str]]:
+    """A configuration from defaults < ``overrides`` (a client's, e.g. the demo's) < the file
+    < the flags, and where each value came from."""
+    from agl_bridge import settings
+
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if overrides:
+        layers.append(("demo", overrides))
+    if file_values:
+        layers.append((file_label, file_values))
+    layers.append(("flag", settings.given_flags(args, cls)))
+    return settings.resolve(cls, layers=layers, source=" and ".join(
+        [n for n, _ in layers[1 if overrides else 0:] if n != "flag"] + ["flags"]))
+
+
+def show(*parts: tuple[Any, dict[str, str]]) -> int:
+    from agl_bridge.settings import describe
+
+    print("\n\n".join(describe(config, origin) for config, origin in parts))
+    return 0
 
 
 def loop(args: argparse.Namespace) -> int:
-    import dataclasses
+    from agl_bridge.trainer.loop.config import LoopConfig
 
-    from agl_bridge.trainer.loop.config import LoopConfig, read_config
+    label, values = file_settings(args)
+    cfg, origin = resolved(LoopConfig, args, file_values=values, file_label=label)
+    if args.print_config:
+        return show((cfg, origin))
     from agl_bridge.trainer.loop.engine import Loop
-
-    values = read_config(args.config) if args.config else {}
-    for f in dataclasses.fields(LoopConfig):
-        given = getattr(args, f"loop_{f.name}", None)
-        if given is not None:
-            values[f.name] = given  # flags win over the file
-    cfg = LoopConfig.from_mapping(values, args.config or "flags")
-    data = Loop(cfg, fresh=args.fresh).run()
     from agl_bridge.trainer.loop.summary import write_summary
 
+    data = Loop(cfg, fresh=args.fresh).run()
     print(write_summary(cfg.work, data))
     return 0
 
@@ -56,25 +83,26 @@ def replay(args: argparse.Namespace) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.loop.demo_config import demo_settings
+
+    label, values = file_settings(args)
+    demo_cfg, cfg, origin = demo_settings(args, values, label)
+    if args.print_config:
+        return show((demo_cfg, origin["demo"]), (cfg, origin["loop"]))
     from agl_bridge.trainer.loop import demo
 
-    demo.run(args)
+    demo.run(demo_cfg, cfg, fresh=args.fresh)
     return 0
 
 
 def convert(args: argparse.Namespace) -> int:
-    from agl_bridge.trainer.conversion import ConvertConfig, convert
+    from agl_bridge.trainer.conversion.config import ConvertConfig
 
-    missing = args.missing_reward if args.missing_reward == "drop" else float(args.missing_reward)
-    config = ConvertConfig(algorithm=args.algorithm, alpha=args.alpha, gamma=args.gamma,
-                           advantage_unit=args.advantage_unit,
-                           scale_advantages=not args.no_scale_advantages,
-                           missing_reward=missing, retokenize=args.retokenize,
-                           evaluation_weights=weights(args.evaluation, "--evaluation"),
-                           evaluation_labels=weights(args.evaluation_label,
-                                                      "--evaluation-label"),
-                           recipe=recipe(args.rewards), baseline=args.baseline,
-                           per_agent_advantages=bool(args.per_agent_advantages))
+    label, values = file_settings(args)
+    config, origin = resolved(ConvertConfig, args, file_values=values, file_label=label)
+    if args.print_config:
+        return show((config, origin))
+    from agl_bridge.trainer.conversion import convert
 
     def progress(done: int, total: int) -> None:
         if sys.stderr.isatty() or total > 1:
@@ -107,26 +135,26 @@ def convert(args: argparse.Namespace) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from agl_bridge.settings import SettingError
+    from agl_bridge.trainer.conversion.config import ConvertConfig
+    from agl_bridge.trainer.training.config import GRPOConfig
+
+    label, values = file_settings(args)
+    names = {c: {f.name for f in dataclasses.fields(c)} for c in (ConvertConfig, GRPOConfig)}
+    unknown = sorted(set(values) - names[ConvertConfig] - names[GRPOConfig])
+    if unknown:
+        raise SettingError(f"{args.config}: unknown setting(s) {unknown}; conversion: "
+                           f"{sorted(names[ConvertConfig])}; training: "
+                           f"{sorted(names[GRPOConfig])}")
+    parts = [resolved(c, args, file_values={k: v for k, v in values.items() if k in names[c]},
+                      file_label=label) for c in (ConvertConfig, GRPOConfig)]
+    if args.print_config:
+        return show(*parts)
+    from agl_bridge.settings import values as plain
     from agl_bridge.trainer.training.from_traces import train_from_traces
 
-    options: dict = {}
-    if args.config:
-        options.update(read_config(args.config))
-    flags = {"learning_rate": args.learning_rate, "num_train_epochs": args.num_train_epochs,
-             "per_device_train_batch_size": args.per_device_train_batch_size,
-             "epsilon": args.epsilon, "beta": args.beta, "loss_type": args.loss_type,
-             "lora_r": args.lora_r, "seed": args.seed, "save_steps": args.save_steps,
-             "max_steps": args.max_steps, "baseline": args.baseline,
-             "sft_select": args.sft_select, "sft_min_reward": args.sft_min_reward,
-             "per_agent_advantages": args.per_agent_advantages,
-             "gradient_accumulation_steps": args.gradient_accumulation_steps,
-             "parallelism": args.parallelism}
-    options.update({k: v for k, v in flags.items() if v is not None})  # flags win over the file
-    # flags win over the file, which wins over the defaults
-    algorithm = args.algorithm or options.pop("algorithm", None) or "at_grpo"
-    policy = args.policy or options.pop("policy", None) or "shared"
-    options.pop("algorithm", None)
-    options.pop("policy", None)
     init = {args.adapter_name: args.init_adapter} if args.init_adapter else {}
     if args.continue_adapters:  # every adapter from its latest version in --adapters-dir
         from agl_bridge.trainer.adapters import latest_adapter
@@ -136,35 +164,17 @@ def train(args: argparse.Namespace) -> int:
             latest = latest_adapter(root, d.name)
             if latest is not None:
                 init.setdefault(d.name, str(latest))
-    run = train_from_traces(args.traces, args.base_model, algorithm=cast("Algorithm", algorithm),
-                            policy=cast("Policy", policy),
-                            output_dir=args.output_dir, adapter_name=args.adapter_name,
-                            init_adapters=init or None,
+    run = train_from_traces(args.traces, args.base_model, output_dir=args.output_dir,
+                            adapter_name=args.adapter_name, init_adapters=init or None,
                             resume_from_checkpoint=args.resume or None,
-                            adapters_dir=args.adapters_dir, rewards=args.rewards, **options)
+                            adapters_dir=args.adapters_dir, **plain(parts[0][0]),
+                            **plain(parts[1][0]))
     if run.conversion is not None:
         print(run.conversion.summary())
     for name, path in run.adapters.items():
         print(f"adapter {name}: {path}")
     print(f"{run.steps} optimizer steps; metrics: {run.metrics_path}")
     return 0
-
-
-def read_config(path: str) -> dict:
-    """A JSON or TOML file of options (TRL-style names, plus algorithm and policy)."""
-    import json
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-
-    text = open(path, "rb").read()
-    try:
-        return tomllib.loads(text.decode()) if path.endswith(".toml") else json.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"{path}: not valid {'TOML' if path.endswith('.toml') else 'JSON'}: "
-                         f"{exc}") from exc
 
 
 def registry_settings(args: argparse.Namespace) -> dict:
@@ -217,9 +227,10 @@ def rollback(args: argparse.Namespace) -> int:
 
 def aliases_serve(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.serving.alias_server import AliasServer
+    from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
     server = AliasServer(args.registry, args.host, args.port)
-    print(f"alias table {Path(args.registry).resolve() / 'aliases.json'} at {server.url}: "
+    print(f"alias table {Path(args.registry).resolve() / ALIASES_FILE} at {server.url}: "
           f"agents set AGL_BRIDGE_ALIASES={server.url}; Ctrl-C stops", flush=True)
     signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
@@ -236,6 +247,7 @@ def serve(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
+    from agl_bridge.trainer.serving.registry import ALIASES_FILE
     from agl_bridge.trainer.serving.vllm_server import VLLMServer, cpu_share
 
     servers = []
@@ -255,7 +267,7 @@ def serve(args: argparse.Namespace) -> int:
             "servers": [s.base_url for s in servers], "base_model": str(Path(args.model).resolve()),
             "max_lora_rank": args.max_lora_rank}, indent=2))
         print(f"registry {args.registry}: agents set AGL_BRIDGE_ALIASES="
-              f"{Path(args.registry).resolve() / 'aliases.json'}; Ctrl-C stops", flush=True)
+              f"{Path(args.registry).resolve() / ALIASES_FILE}; Ctrl-C stops", flush=True)
         signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
         signal.pause()
     except KeyboardInterrupt:
@@ -342,31 +354,6 @@ def feedback(args: argparse.Namespace) -> int:
     return 1 if summary.bad_count else 0
 
 
-def recipe(path: str | None):  # -> Recipe | None
-    if path is None:
-        return None
-    from agl_bridge.trainer.rewards.recipes import load_recipe
-
-    return load_recipe(path)
-
-
-def weights(pairs: list[str] | None, what: str) -> dict[str, float] | None:
-    """``NAME=NUMBER`` pairs (``--evaluation helpful=1``) as a mapping, checked."""
-    if not pairs:
-        return None
-    out = {}
-    for pair in pairs:
-        name, sep, number = pair.rpartition("=")
-        try:
-            value = float(number)
-        except ValueError:
-            value = float("nan")
-        if not sep or not name or value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"{what} {pair!r}: expected NAME=NUMBER")
-        out[name] = value
-    return out
-
-
 def recover(args: argparse.Namespace) -> int:
     from agl_bridge.otel.recovery import recover as recover_logs
 
@@ -394,25 +381,21 @@ def report(args: argparse.Namespace) -> int:
 
 
 def judge(args: argparse.Namespace) -> int:
-    import json
+    from agl_bridge.settings import SettingError, values
+    from agl_bridge.trainer.judging.config import JudgeConfig
 
+    label, file_values = file_settings(args)
+    config, origin = resolved(JudgeConfig, args, file_values=file_values, file_label=label)
+    if args.print_config:
+        return show((config, origin))
+    missing = [f"--{n.replace('_', '-')}" for n in ("rubric", "base_url", "model")
+               if getattr(config, n) is None]
+    if missing:
+        raise SettingError(f"the judge needs {', '.join(missing)} (flags or --config)")
     from agl_bridge.trainer.judging import judge_spans
 
-    extra = None
-    if args.extra_body:
-        try:
-            extra = json.loads(args.extra_body)
-        except ValueError:
-            extra = None
-        if not isinstance(extra, dict):
-            raise ValueError(f"--extra-body {args.extra_body!r}: expected a JSON object")
-    summary = judge_spans(args.spans, args.rubric, base_url=args.base_url, model=args.model,
-                          mode=args.mode, tokenizer=args.tokenizer,
-                          concurrency=args.concurrency, retries=args.retries,
-                          max_episodes=args.max_episodes, timeout_s=args.timeout,
-                          temperature=args.temperature, max_tokens=args.max_tokens,
-                          structured=args.structured, extra_body=extra,
-                          progress=not args.quiet)
+    options = values(config)
+    summary = judge_spans(args.spans, options.pop("rubric"), progress=not args.quiet, **options)
     for problem in summary.problems[:50]:
         print(f"agl-bridge judge: {problem}", file=sys.stderr)
     if len(summary.problems) > 50:

@@ -46,15 +46,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ARMS: dict[str, list[str]] = {
     "at_grpo": [],
-    "shared": ["--policy", "shared"],
-    "lightning_rl": ["--algorithm", "lightning_rl"],
-    "reader_only": ["--train-agents", "reader"],
-    "solver_only": ["--train-agents", "solver"],
-    "dr_mas": ["--per-agent-advantages"],
+    "shared": ["--train.policy", "shared"],
+    "lightning_rl": ["--convert.algorithm", "lightning_rl"],
+    "reader_only": ["--train.train-agents", "reader"],
+    "solver_only": ["--train.train-agents", "solver"],
+    "dr_mas": ["--convert.per-agent-advantages"],
     "tree": ["--branch", "4", "--rollouts", "1"],
-    "sft": ["--algorithm", "sft"],
-    "sft_threshold": ["--algorithm", "sft", "--sft-select", "threshold",
-                      "--sft-min-reward", "1.0"],
+    "sft": ["--train.objective", "sft"],
+    "sft_threshold": ["--train.objective", "sft", "--train.sft-select", "threshold",
+                      "--train.sft-min-reward", "1.0"],
 }
 ROLES = ("reader", "solver")
 Z95 = 1.959964
@@ -96,12 +96,12 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict | None:
     minutes = 24 * 60 if args.rounds else args.minutes
     cmd = [str(Path(sys.executable).with_name("agl-bridge")), "demo", "--task", "relay",
            "--workdir", str(work), "--seed", str(seed), "--minutes", str(minutes),
-           "--eval-tasks", str(args.eval_tasks), *ARMS[arm]]
+           "--eval-size", str(args.eval_tasks), *ARMS[arm]]
     if args.rounds:
         cmd += ["--rounds", str(args.rounds)]
     if args.quick:
         cmd += ["--model", "tiny", "--rounds", "1", "--tasks-per-round", "4",
-                "--gate-tasks", "4"]
+                "--gate-size", "4"]
     t0 = time.monotonic()
     print(f"[{arm} seed {seed}] {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     with open(work.parent / f"{arm}-seed{seed}.log", "w") as log:

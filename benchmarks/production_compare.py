@@ -32,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 SETTINGS: dict[str, list[str]] = {
-    "feedback": ["--rewards-from", "feedback", "--baseline", "batch"],
-    "both": ["--rewards-from", "both", "--baseline", "batch"],
-    "judge": ["--rewards-from", "judge", "--baseline", "batch"],
-    "key": ["--rewards-from", "feedback", "--baseline", "key:demo.request_kind,batch"],
-    "replay": ["--rewards-from", "feedback", "--baseline", "batch", "--replay", "4"],
+    "feedback": ["--rewards-from", "feedback", "--convert.baseline", "batch"],
+    "both": ["--rewards-from", "both", "--convert.baseline", "batch"],
+    "judge": ["--rewards-from", "judge", "--convert.baseline", "batch"],
+    "key": ["--rewards-from", "feedback", "--convert.baseline", "key:demo.request_kind,batch"],
+    "replay": ["--rewards-from", "feedback", "--convert.baseline", "group,batch",
+               "--replay-k", "4"],
 }
 
 

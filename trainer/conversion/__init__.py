@@ -23,8 +23,26 @@ rebuilt from messages, before the stages), ``sources`` (files), ``streaming``, `
 anywhere here.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
-from agl_bridge.trainer.conversion.engine import convert, spans_to_transitions
-from agl_bridge.trainer.conversion.sources import read_spans
+
+if TYPE_CHECKING:
+    from agl_bridge.trainer.conversion.engine import convert, spans_to_transitions
+    from agl_bridge.trainer.conversion.sources import read_spans
+
+
+def __getattr__(name: str) -> Any:
+    """The engine (pyarrow) loads when first used: the CLI reads ``ConvertConfig`` without it."""
+    if name in ("convert", "spans_to_transitions"):
+        from agl_bridge.trainer.conversion import engine
+
+        return getattr(engine, name)
+    if name == "read_spans":
+        from agl_bridge.trainer.conversion.sources import read_spans
+
+        return read_spans
+    raise AttributeError(name)
+
 
 __all__ = ["ConversionStats", "ConvertConfig", "convert", "read_spans", "spans_to_transitions"]

@@ -6,62 +6,98 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
-from agl_bridge.schema import SPAN_SCHEMA
-from agl_bridge.trainer.rewards.baselines import KEY_PREFIX, key_attribute, parse_baselines
+from agl_bridge.settings import check_choices, setting
 from agl_bridge.trainer.rewards.credit import AdvantageUnit, Algorithm
-from agl_bridge.trainer.rewards.recipes import Recipe
+
+if TYPE_CHECKING:
+    from agl_bridge.trainer.rewards.recipes import Recipe
 
 MissingReward = Literal["drop"] | float
 
 
 @dataclass(frozen=True)
 class ConvertConfig:
-    """How spans become transitions. Defaults: AT-GRPO."""
+    """How spans become transitions (``agl-bridge convert``, ``train``'s conversion, the
+    loop's ``[convert]`` table). Defaults: AT-GRPO."""
 
-    algorithm: Algorithm = "at_grpo"
-    alpha: float = 1.0  # AT-GRPO: weight of the team reward in r = alpha * team + local
-    gamma: float = 1.0  # discount of the team reward over an agent's turns
-    advantage_unit: AdvantageUnit = "transition"
-    scale_advantages: bool = True  # divide by the group's std (GRPO); off: Dr. GRPO
-    missing_reward: MissingReward = "drop"  # an episode with no reward
-    merge_turn_calls: bool = True
-    # a tokenizer directory: rebuild ids from captured messages for spans without them
-    # (flagged ``retokenized``), and count how often the rebuild disagrees with recorded ids
-    retokenize: str | None = None
-    # evaluations (feedback, gen_ai.evaluation.result, judges) that count as rewards: name ->
-    # weight (None: every name, weight 1; 0 leaves a name out); labels scores label-only ones
-    evaluation_weights: Mapping[str, float] | None = None
-    evaluation_labels: Mapping[str, float] | None = None
-    # rewards derived from what the spans hold (``rewards.recipes``); its [evaluations] table
-    # sets the two above when they are not given
-    recipe: Recipe | None = None
-    # what rewards are compared with (``rewards.baselines``): "group", "batch",
-    # "key:ATTRIBUTE", in order of preference ("group,batch" or a sequence)
-    baseline: str | tuple[str, ...] = ("group",)
-    per_agent_advantages: bool = False  # Dr. MAS: each agent's own statistics
+    algorithm: Algorithm = setting(
+        "at_grpo", help="credit and groups: at_grpo (task, agent, turn; r = alpha * team + "
+                        "local) or lightning_rl (the team reward to every transition; task)")
+    alpha: float = setting(1.0, help="AT-GRPO: weight of the team reward in r = alpha * team "
+                                     "+ local")
+    gamma: float = setting(1.0, help="discount of the team reward over an agent's turns (1: "
+                                     "none)")
+    advantage_unit: AdvantageUnit = setting(
+        "transition", help="what counts once in a group's mean and std")
+    scale_advantages: bool = setting(
+        True, help="divide advantages by the group's std (GRPO); off: mean-centre only "
+                   "(Dr. GRPO)")
+    missing_reward: MissingReward = setting(
+        "drop", help="an episode with no reward: 'drop' it, or a number to give it")
+    merge_turn_calls: bool = setting(
+        True, help="an agent's calls in one turn become one transition when each extends the "
+                   "context so far")
+    retokenize: str | None = setting(
+        None, help="a tokenizer directory: rebuild ids from captured messages for spans "
+                   "without them (flagged), and count disagreements with recorded ids")
+    evaluation_weights: Mapping[str, float] | None = setting(
+        None, help="evaluations (feedback, gen_ai.evaluation.result, judges) that count as "
+                   "rewards, NAME=WEIGHT (unset: every name, weight 1; once set, only the names "
+                   "given)")
+    evaluation_labels: Mapping[str, float] | None = setting(
+        None, help="scores of label-only evaluations, LABEL=VALUE (e.g. pass=1, fail=0)")
+    rewards: str | None = setting(
+        None, help="a reward recipe (TOML): rewards derived from what the spans hold (tool "
+                   "failures, votes, DAG tasks, cost) and which evaluations count")
+    # the recipe itself, when a program builds one (``rewards`` is read into it otherwise)
+    recipe: Recipe | None = setting(None, help="a Recipe object", python_only=True)
+    baseline: str | tuple[str, ...] = setting(
+        "group", help="what rewards are compared with, first that applies: group (the "
+                      "rollouts of the same task), batch (the same agent and turn over the "
+                      "whole output: traffic that never repeats), key:ATTRIBUTE (leave-one-out "
+                      "over episodes sharing it); e.g. group,batch")
+    per_agent_advantages: bool = setting(
+        False, help="normalise advantages with each agent's own statistics (Dr. MAS)")
 
     def __post_init__(self) -> None:
+        from agl_bridge.trainer.rewards.baselines import parse_baselines
+
+        check_choices(self)
         object.__setattr__(self, "baseline", parse_baselines(self.baseline))
+        if self.recipe is None and self.rewards is not None:
+            from agl_bridge.trainer.rewards.recipes import load_recipe
+
+            object.__setattr__(self, "recipe", load_recipe(self.rewards))
 
     @property
     def baselines(self) -> tuple[str, ...]:
-        return cast(tuple[str, ...], self.baseline)
+        return tuple(self.baseline)
 
     @property
     def key_attributes(self) -> tuple[str, ...]:
         """The attributes ``key:`` baselines group by."""
+        from agl_bridge.trainer.rewards.baselines import KEY_PREFIX, key_attribute
+
         return tuple(key_attribute(b) for b in self.baselines if b.startswith(KEY_PREFIX))
 
     @property
     def extra_columns(self) -> tuple[str, ...]:
         """Span columns read besides the converter's own: the recipe's, and the attributes
         JSON when a key baseline groups by an attribute that is not a column."""
-        extra = self.recipe.columns if self.recipe is not None else ()
+        from agl_bridge.schema import SPAN_SCHEMA
+
+        extra: tuple[str, ...] = self.recipe.columns if self.recipe is not None else ()
         if any(a not in SPAN_SCHEMA.names for a in self.key_attributes):
             extra = (*extra, "attributes")
         return extra + tuple(a for a in self.key_attributes if a in SPAN_SCHEMA.names)
+
+    def options(self) -> dict[str, Any]:
+        """The settings as keywords (``ConvertConfig(**c.options())`` is ``c``)."""
+        from agl_bridge.settings import values
+
+        return values(self)
 
 
 AgentTurn = tuple[str | None, int | None]

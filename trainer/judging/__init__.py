@@ -8,6 +8,21 @@ as evaluation records that conversion joins to their episodes. See docs/judges.m
 Kept out of ``trainer/rewards/``, which holds pure functions only (no files, no network).
 """
 
-from agl_bridge.trainer.judging.run import JudgeSummary, judge_spans, load_rubric
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["JudgeSummary", "judge_spans", "load_rubric"]
+from agl_bridge.trainer.judging.config import JudgeConfig
+
+if TYPE_CHECKING:
+    from agl_bridge.trainer.judging.run import JudgeSummary, judge_spans, load_rubric
+
+
+def __getattr__(name: str) -> Any:
+    """``run`` loads when first used: the CLI reads ``JudgeConfig`` without pyarrow."""
+    if name in ("JudgeSummary", "judge_spans", "load_rubric"):
+        from agl_bridge.trainer.judging import run
+
+        return getattr(run, name)
+    raise AttributeError(name)
+
+
+__all__ = ["JudgeConfig", "JudgeSummary", "judge_spans", "load_rubric"]

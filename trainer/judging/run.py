@@ -249,7 +249,7 @@ def _pool(workers: int) -> Iterator[ThreadPoolExecutor]:
 def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLike[str], *,
                 base_url: str, model: str, mode: str = ABSOLUTE,
                 tokenizer: str | os.PathLike[str] | None = None, concurrency: int = 4,
-                retries: int = 2, max_episodes: int | None = None, timeout_s: float = 120.0,
+                retries: int = 2, max_episodes: int | None = None, timeout: float = 120.0,
                 temperature: float = 0.0, max_tokens: int | None = None,
                 api_key: str | None = None, structured: bool = False,
                 max_episode_chars: int = DEFAULT_MAX_EPISODE_CHARS,
@@ -284,7 +284,7 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
                                 f"cache are written into it)")
     started = time.perf_counter()
     rubric = rubric if isinstance(rubric, Rubric) else load_rubric(rubric)
-    settings = _Settings(base_url, model, mode, rubric, retries, timeout_s, temperature,
+    settings = _Settings(base_url, model, mode, rubric, retries, timeout, temperature,
                          max_tokens, api_key or os.environ.get("OPENAI_API_KEY"), structured,
                          max_episode_chars, dict(extra_body) if extra_body else None)
     summary = JudgeSummary(mode=mode, model=model, rubric=rubric.evaluation_name)

@@ -29,16 +29,18 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+from agl_bridge.settings import values
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.gate import gate
 from agl_bridge.trainer.loop.state import LoopState
 from agl_bridge.trainer.loop.team import TeamRun, run_team, task_scores
 from agl_bridge.trainer.loop.watch import watch
+from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
 BASE = "base"  # the base model's served name, which every alias points at first
 RECENT = 2000  # rewards kept per version for the watch
@@ -89,17 +91,34 @@ def episode_versions(transitions: Path) -> dict[str, list[float]]:
 SHARED_ADAPTER = "policy"  # the adapter a shared policy trains (train_from_traces' adapter_name)
 
 
+class LoopCallback:
+    """Told what the loop does as it runs, as TRL's ``TrainerCallback`` is told of training:
+    subclass and override what you need (all do nothing here). A callback may add to
+    ``loop.data`` (saved in ``state.json`` after it returns) and to a round's ``record``."""
+
+    def on_train_begin(self, loop: Loop) -> None:
+        """A round is about to convert and train (after its episodes were collected)."""
+
+    def on_train_end(self, loop: Loop) -> None:
+        """That training ended (trained, or nothing to train on, or failed)."""
+
+    def on_evaluate(self, loop: Loop, label: str, out: Path) -> None:
+        """The held-out evaluation ``label`` (``baseline``, ``final``) ran; the team's
+        per-episode results are in ``out / "results.jsonl"``."""
+
+    def on_round_end(self, loop: Loop, directory: Path, record: dict[str, Any]) -> None:
+        """Round ``record["round"]`` ended; its files are under ``directory``."""
+
+
 class Loop:
     """One loop over a workdir (``LoopConfig``); ``run()`` returns the state's data."""
 
     def __init__(self, cfg: LoopConfig, *, fresh: bool = False,
-                 hooks: dict[str, Callable[..., Any]] | None = None) -> None:
+                 callbacks: Sequence[LoopCallback] = ()) -> None:
         self.cfg = cfg.check()
         self.work = cfg.work
         self.state = LoopState(self.work, cfg.settings(), fresh)
-        # the demo's: what it records per round and evaluation, and what it pauses while
-        # training (before_train / after_train)
-        self.hooks = hooks or {}
+        self.callbacks = list(callbacks)
         self.data = self.state.data
         self.data.setdefault("live", {a: BASE for a in cfg.agents})
         self.data.setdefault("evals", {})  # version key -> task -> score
@@ -178,7 +197,7 @@ class Loop:
         try:
             self.publisher = Publisher([self.base_url], self.registry, base_model=self.cfg.model,
                                        max_lora_rank=self.cfg.max_lora_rank, drain_s=2.0)
-            table = AliasTable(self.registry / "aliases.json")
+            table = AliasTable(self.registry / ALIASES_FILE)
             if self.server is not None or not table.path.exists():
                 table.write({a: BASE for a in self.cfg.agents})
                 if any(v != BASE for v in self.data["live"].values()):
@@ -193,16 +212,16 @@ class Loop:
 
     def _adapter_dir(self, alias: str, name: str) -> Path:
         number = int(name.rsplit("@v", 1)[1])
-        owner = SHARED_ADAPTER if self.cfg.policy == "shared" else alias
+        owner = SHARED_ADAPTER if self.cfg.train.policy == "shared" else alias
         return self.work / "adapters" / owner / f"v{number:04d}"
 
     def _agent_adapters(self, adapters: dict[str, str]) -> dict[str, str]:
         """Agent -> adapter directory to gate and publish. A shared policy trains one adapter
         (``SHARED_ADAPTER``) that every trained agent serves under its own alias; it was
         published to none, so that arm's team stayed on the base model."""
-        if self.cfg.policy != "shared" or SHARED_ADAPTER not in adapters:
+        if self.cfg.train.policy != "shared" or SHARED_ADAPTER not in adapters:
             return adapters
-        agents = self.cfg.train_agents or list(self.data["live"])
+        agents = self.cfg.train.train_agents or list(self.data["live"])
         return {a: adapters[SHARED_ADAPTER] for a in agents}
 
     # -- one round ---------------------------------------------------------------------------
@@ -215,13 +234,13 @@ class Loop:
         sources = self._collect(r, rdir, record)
         if sources is None:
             return False
-        if "before_train" in self.hooks:
-            self.hooks["before_train"](self)
+        for callback in self.callbacks:
+            callback.on_train_begin(self)
         try:
             trained = self._train(r, rdir, sources, record)
         finally:
-            if "after_train" in self.hooks:
-                self.hooks["after_train"](self)
+            for callback in self.callbacks:
+                callback.on_train_end(self)
         if trained is not None:
             self._watch(record, Path(trained["transitions_path"]))
             adapters = self._agent_adapters(trained["adapters"])
@@ -230,8 +249,8 @@ class Loop:
                 self._publish(r, adapters, record)
         record["seconds"] = time.perf_counter() - t0
         record["live_after"] = dict(self.data["live"])
-        if "round" in self.hooks:
-            self.hooks["round"](self, rdir, record)
+        for callback in self.callbacks:
+            callback.on_round_end(self, rdir, record)
         self.data["rounds"].append(record)
         self.data["consumed"] += record.get("consumed", [])
         self.data["next_task"] = record.get("next_task", self.data["next_task"])
@@ -294,7 +313,7 @@ class Loop:
     def _team(self, command: str, tasks: list[dict[str, Any]], out: Path, *, rollouts: int,
               temperature: float, aliases: Path | None = None) -> TeamRun:
         return run_team(command, tasks, out, base_url=self.base_url,
-                        aliases=aliases or self.registry / "aliases.json", rollouts=rollouts,
+                        aliases=aliases or self.registry / ALIASES_FILE, rollouts=rollouts,
                         temperature=temperature, service="team",
                         extra_env={"AGL_BRIDGE_MAX_TOKENS": str(self.cfg.max_tokens)})
 
@@ -315,7 +334,7 @@ class Loop:
                 fresh = [p for p in iter_parquet_files(cfg.traces or "")
                          if str(p) not in consumed and now - p.stat().st_mtime >= cfg.settle_s]
                 rewarded = self._rewarded_episodes(fresh) if fresh else set()
-                if fresh and cfg.judge and self._judge(fresh, rewarded, judging):
+                if fresh and cfg.judge.rubric and self._judge(fresh, rewarded, judging):
                     rewarded = self._rewarded_episodes(fresh)
                 episodes = len(rewarded)
                 waited = time.monotonic() - t0
@@ -327,7 +346,7 @@ class Loop:
                 time.sleep(min(5.0, max(0.5, cfg.settle_s / 4)))
         record["consumed"] = [str(p) for p in fresh]
         record["episodes_waited_for"] = episodes
-        if cfg.judge:
+        if cfg.judge.rubric:
             record["judge"] = {k: v for k, v in judging.items() if k != "tried"}
             log(f"round {r}: the judge scored {judging['scored']} episode(s) "
                 f"({judging['failed']} failed) in {judging['seconds']:.0f} s"
@@ -337,16 +356,17 @@ class Loop:
 
     def _judge(self, files: list[Path], rewarded: set[str], judging: dict[str, Any]) -> int:
         """Let the LLM judge score the episodes of ``files`` that have no reward yet (feedback
-        or inline rewards win: the judge scores the others), at most ``judge_max_episodes`` per
+        or inline rewards win: the judge scores the others), at most ``judge.max_episodes`` per
         round; an episode it failed on is not asked about again this round. Returns how many it
         scored."""
         import pyarrow.parquet as pq
 
         from agl_bridge.trainer.judging import judge_spans
 
-        cfg = self.cfg
-        budget = cfg.judge_max_episodes - judging["scored"] - judging["failed"]
-        if budget <= 0 or cfg.judge is None:
+        cfg, judge = self.cfg, self.cfg.judge
+        budget = None if judge.max_episodes is None else \
+            judge.max_episodes - judging["scored"] - judging["failed"]
+        if (budget is not None and budget <= 0) or judge.rubric is None:
             return 0
         ids: set[str] = set()
         for path in files:
@@ -358,12 +378,11 @@ class Loop:
         todo = ids - rewarded - judging["tried"]
         if not todo:
             return 0
-        summary = judge_spans(cfg.traces or "", cfg.judge, base_url=cfg.judge_url or self.base_url,
-                              model=cfg.judge_model or BASE, mode=cfg.judge_mode,
-                              max_episodes=budget, structured=cfg.judge_structured,
-                              episode_ids=todo, tokenizer=cfg.model, progress=False,
-                              max_episode_chars=cfg.judge_max_episode_chars,
-                              extra_body=cfg.judge_body())
+        settings = {**values(judge), "base_url": judge.base_url or self.base_url,
+                    "model": judge.model or BASE, "tokenizer": judge.tokenizer or cfg.model,
+                    "max_episodes": budget}
+        summary = judge_spans(cfg.traces or "", settings.pop("rubric"), episode_ids=todo,
+                              progress=False, **settings)
         judging["tried"] |= set(summary.failed)  # scored ones are rewarded from now on
         if summary.failed and "first_failure" not in judging:  # the log says why, once
             episode, why = next(iter(summary.failed.items()))
@@ -374,32 +393,11 @@ class Loop:
         judging["seconds"] += summary.seconds
         return summary.scored
 
-    def _convert_config(self) -> dict[str, Any]:
-        cfg = self.cfg
-        missing: Any = cfg.missing_reward if cfg.missing_reward == "drop" else float(
-            cfg.missing_reward)
-        return {"baseline": cfg.baseline, "per_agent_advantages": cfg.per_agent_advantages,
-                "missing_reward": missing, "alpha": cfg.alpha}
-
-    def _train_options(self) -> dict[str, Any]:
-        """Trainer options set only when asked for (single-role training, SFT's selection)."""
-        cfg = self.cfg
-        options: dict[str, Any] = {"train_agents": list(cfg.train_agents)} \
-            if cfg.train_agents else {}
-        if cfg.algorithm == "sft":
-            options["sft_select"] = cfg.sft_select
-            if cfg.sft_min_reward is not None:
-                options["sft_min_reward"] = cfg.sft_min_reward
-        return options
-
     def _rewarded_episodes(self, files: list[Path]) -> set[str]:
-        from agl_bridge.trainer.conversion import ConvertConfig, convert
-        from agl_bridge.trainer.rewards.recipes import load_recipe
+        from agl_bridge.trainer.conversion import convert
 
-        recipe = load_recipe(self.cfg.rewards) if self.cfg.rewards else None
         probe = self.work / "probe" / "transitions.parquet"
-        stats = convert(files, probe, ConvertConfig(recipe=recipe, **self._convert_config()),
-                        evaluations_from=self.cfg.traces)
+        stats = convert(files, probe, self.cfg.convert, evaluations_from=self.cfg.traces)
         import pyarrow.parquet as pq
 
         return set(pq.read_table(probe, columns=["episode_id"])["episode_id"].to_pylist()) \
@@ -407,28 +405,20 @@ class Loop:
 
     def _train(self, r: int, rdir: Path, sources: list[Path], record: dict[str, Any]
                ) -> dict[str, Any] | None:
-        from agl_bridge.trainer.rewards.credit import Algorithm
-        from agl_bridge.trainer.training.config import Policy
         from agl_bridge.trainer.training.from_traces import train_from_traces
 
         cfg = self.cfg
         init: dict[str, str | os.PathLike[str]] = {
-            SHARED_ADAPTER if cfg.policy == "shared" else a: str(self._adapter_dir(a, v))
+            SHARED_ADAPTER if cfg.train.policy == "shared" else a: str(self._adapter_dir(a, v))
             for a, v in self.data["live"].items() if v != BASE}
         log(f"round {r}: training from {len(sources)} source(s) ...")
         with self.state.timed("convert + train"):
             try:
                 run = train_from_traces(
-                    [str(s) for s in sources], cfg.model,
-                    algorithm=cast(Algorithm, cfg.algorithm), policy=cast(Policy, cfg.policy),
-                    output_dir=rdir / "train",
+                    [str(s) for s in sources], cfg.model, output_dir=rdir / "train",
                     adapters_dir=self.work / "adapters", init_adapters=init or None,
-                    progress=sys.stderr.isatty(), rewards=cfg.rewards,
-                    evaluations_from=cfg.traces,
-                    learning_rate=cfg.learning_rate, per_device_train_batch_size=cfg.batch_size,
-                    lora_r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, seed=cfg.seed + r,
-                    num_train_epochs=cfg.epochs, **self._convert_config(),
-                    **self._train_options())
+                    progress=sys.stderr.isatty(), evaluations_from=cfg.traces,
+                    **values(cfg.convert), **{**values(cfg.train), "seed": cfg.train.seed + r})
             except ValueError as exc:  # no transitions: nothing to learn from this round
                 log(f"round {r}: nothing to train on ({str(exc).splitlines()[0]})")
                 record["trained"] = False
@@ -455,7 +445,7 @@ class Loop:
         key = f"{version_key(aliases)} on {Path(tasks_file).name}"
         if key in self.data["evals"] and label not in ("baseline", "final"):
             return dict(self.data["evals"][key])
-        table = out / "aliases.json"
+        table = out / ALIASES_FILE
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text(json.dumps({"aliases": aliases}))
         tasks = read_tasks(tasks_file)
@@ -465,8 +455,6 @@ class Loop:
                              rollouts=cfg.eval_rollouts, temperature=cfg.eval_temperature,
                              aliases=table)
         scores = task_scores(run.results)
-        if "evaluation" in self.hooks:
-            self.hooks["evaluation"](self, label, out, run)
         self.data["evals"][key] = scores
         self.state.save()
         return scores
@@ -488,8 +476,8 @@ class Loop:
         self.data[label] = {**self.data.get(label, {}), "policy": dict(self.data["live"]),
                             "after_rounds": after, "n": n, "seconds": time.perf_counter() - t0,
                             "score": math.fsum(scores.values()) / n if n else math.nan}
-        if "evaluated" in self.hooks:
-            self.hooks["evaluated"](self, label, self.work / label)
+        for callback in self.callbacks:
+            callback.on_evaluate(self, label, self.work / label)
         self.state.save()
 
     def _gate(self, r: int, rdir: Path, adapters: dict[str, str], record: dict[str, Any]
@@ -506,15 +494,15 @@ class Loop:
             candidate[alias] = served_name(directory, alias)
             load_and_probe([self.base_url], candidate[alias], Path(directory))
         record["candidate"] = candidate
-        gate_tasks = cfg.gate_tasks or cfg.eval_tasks
-        if cfg.gate == "off" or gate_tasks is None:
+        gate_tasks = cfg.gate.tasks or cfg.eval_tasks
+        if cfg.gate.rule == "off" or gate_tasks is None:
             record["gate"] = {"publish": True, "rule": "gate off"}
             return True
         live = self._scores(f"round {r} gate: live", dict(self.data["live"]),
                             rdir / "gate-live", gate_tasks)
         cand = self._scores(f"round {r} gate: candidate", candidate, rdir / "gate-candidate",
                             gate_tasks)
-        decision = gate(live, cand, rule=cfg.gate_rule, tolerance=cfg.gate_tolerance)
+        decision = gate(live, cand, rule=cfg.gate.rule, tolerance=cfg.gate.tolerance)
         record["gate"] = decision.as_dict()
         log(f"round {r} gate: {'publish' if decision.publish else 'REFUSED'}: {decision.rule}")
         if not decision.publish:
@@ -556,8 +544,8 @@ class Loop:
         if current_key != version_key(self.data["live"]) or last.get("watched"):
             return
         decision = watch(self.data["rewards"].get(previous_key, []),
-                         self.data["rewards"].get(current_key, []), margin=cfg.watch_margin,
-                         min_episodes=cfg.watch_episodes)
+                         self.data["rewards"].get(current_key, []), margin=cfg.watch.margin,
+                         min_episodes=cfg.watch.episodes)
         record["watch"] = decision.as_dict()
         if decision.verdict == "wait":
             return
@@ -570,7 +558,7 @@ class Loop:
                     if name == BASE:
                         from agl_bridge.aliases import AliasTable
 
-                        table = AliasTable(self.registry / "aliases.json")
+                        table = AliasTable(self.registry / ALIASES_FILE)
                         table.write({**table.read().get("aliases", {}), alias: BASE})
                     else:
                         self.publisher.rollback(alias, name)

@@ -216,9 +216,10 @@ def write_report(work: Path, data: dict) -> Path:
     body = ["<h1>agl-bridge closed loop: a two-agent AutoGen team learns from its own traces</h1>",
             f"<p class='note'>Model {html.escape(s['model'])}, task {html.escape(s['task'])}; "
             f"{len(data['rounds'])} round(s) of {s['tasks_per_round']} tasks x {s['rollouts']} "
-            f"rollouts at temperature {s['temperature']}; AT-GRPO (alpha {s['alpha']}), one LoRA "
-            f"adapter per agent, learning rate {s['learning_rate']}; held-out set of "
-            f"{s['eval_tasks']} tasks never sampled for training, answered "
+            f"rollouts at temperature {s['temperature']}; {s['convert']['algorithm']} (alpha "
+            f"{s['convert']['alpha']}), policy {s['train']['policy']}, learning rate "
+            f"{s['train']['learning_rate']}; held-out set of {s['eval_size']} tasks never "
+            f"sampled for training, answered "
             f"{_sampling(s)}"
             f" ({s.get('eval_rollouts', 1)} episode(s) per task); resumed "
             f"{data.get('resumed', 0)} time(s).</p>"]

@@ -23,7 +23,6 @@ import hashlib
 import json
 import math
 import re
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,14 +88,12 @@ def parse_rubric(text: str, *, source: str, toml: bool, default_name: str) -> Ru
     Unknown TOML keys are refused: a typo (``scael``) must not silently mean the default."""
     if not toml:
         return _checked(default_name, text, (0.0, 1.0), source)
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
+    from agl_bridge.settings import SettingError, loads
+
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RubricError(f"rubric {source}: not valid TOML: {exc}") from exc
+        data = loads(text, f"rubric {source}")
+    except SettingError as exc:
+        raise RubricError(str(exc)) from None
     unknown = sorted(set(data) - _RUBRIC_KEYS)
     if unknown:
         raise RubricError(f"rubric {source}: unknown key(s) {', '.join(unknown)} "

@@ -26,7 +26,6 @@ each, with its constants and a worked example.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,17 +117,15 @@ def recipe_from_dict(config: Mapping[str, Any], source: str = "<recipe>") -> Rec
 
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     """Read a recipe TOML file (see the module docstring)."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
+    from agl_bridge.settings import SettingError, loads
+
     p = Path(path)
     try:
-        config = tomllib.loads(p.read_text())
+        config = loads(p.read_text(), str(p))
     except OSError as exc:
         raise RecipeError(f"{p}: cannot read the recipe ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"{p}: not valid TOML ({exc})") from None
+    except SettingError as exc:
+        raise RecipeError(str(exc)) from None
     return recipe_from_dict(config, str(p))
 
 

@@ -2,76 +2,94 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from agl_bridge.settings import check_choices, setting
 from agl_bridge.trainer.adapters import version_of
 
 Policy = Literal["shared", "per_agent_lora", "per_agent_model"]
-POLICIES: tuple[Policy, ...] = ("shared", "per_agent_lora", "per_agent_model")
-# grpo: sequence mean; bnpo/dapo: token mean; dr_grpo: a constant normaliser (TRL's names)
+Objective = Literal["grpo", "sft"]
 Parallelism = Literal["data", "fsdp"]
-PARALLELISMS: tuple[Parallelism, ...] = ("data", "fsdp")
 LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
-# what train_from_traces, the CLI and the loop train with: a credit assignment
-# (trainer/rewards/credit.py's ALGORITHMS) or supervised fine-tuning
-TRAIN_ALGORITHMS: tuple[str, ...] = ("at_grpo", "lightning_rl", "sft")
-
-# what SFT imitates: the best of each group, or every transition above a reward
 SftSelect = Literal["best", "threshold"]
-SFT_SELECTS: tuple[SftSelect, ...] = ("best", "threshold")
-
-
-def one_of(names: tuple[str, ...]) -> str:
-    """``a, b or c``: the choices as an error message names them."""
-    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
 @dataclass
 class GRPOConfig:
-    """Names follow TRL's GRPOConfig (and HF TrainingArguments) where the concept is the same."""
+    """The training stage's settings (``agl-bridge train``, ``train_from_traces``, the loop's
+    ``[train]`` table). Names follow TRL's GRPOConfig (and HF TrainingArguments) where the
+    concept is the same."""
 
-    learning_rate: float = 1e-4
-    num_train_epochs: int = 1  # passes over the transitions (later passes are off-policy: clip)
-    per_device_train_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    epsilon: float = 0.2  # clip range low
-    epsilon_high: float | None = None  # clip range high (defaults to epsilon)
-    loss_type: LossType = "bnpo"  # grpo (sequence mean), bnpo/dapo (token mean), dr_grpo
-    max_completion_length: int | None = None  # dr_grpo's constant; default: longest in data
-    beta: float = 0.0  # KL(policy || base) weight, k3 estimator; base = adapter disabled
-    vllm_importance_sampling_correction: bool = True  # weight by pi_old / pi_sampler
-    vllm_importance_sampling_cap: float = 2.0
-    filter_zero_variance_groups: bool = True  # nothing to learn from them: skip the compute
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    group_by_length: bool = False  # batches of similar length: less padding
-    # transitions with the same prompt (a GRPO group, tree-sampling candidates) share a
-    # micro-batch and run the prompt once, in one row with a mask that keeps their completions
-    # apart: the same log-probabilities and gradients for fewer positions (data.pack_rows)
-    share_prompts: bool = True
-    gradient_checkpointing: bool = False
-    bf16: bool | None = None  # default: on when training on a GPU
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(
+    objective: Objective = setting(
+        "grpo", help="grpo: the clipped policy gradient with the conversion's advantages; sft: "
+                     "supervised fine-tuning on the transitions sft_select picks")
+    policy: Policy = setting(
+        "shared", help="shared: one LoRA adapter for every agent; per_agent_lora: one adapter "
+                       "per agent on one base; per_agent_model: a base model per agent")
+    learning_rate: float = setting(1e-4, help="AdamW learning rate")
+    num_train_epochs: int = setting(
+        1, help="passes over the transitions (later passes are off-policy: clipped)")
+    per_device_train_batch_size: int = setting(8, help="transitions per micro-batch")
+    gradient_accumulation_steps: int = setting(1, help="micro-batches per optimizer step")
+    epsilon: float = setting(0.2, help="clip range, low side")
+    epsilon_high: float | None = setting(None, help="clip range, high side (unset: epsilon)")
+    loss_type: LossType = setting(
+        "bnpo", help="grpo (sequence mean), bnpo/dapo (token mean), dr_grpo (a constant "
+                     "normaliser)")
+    max_completion_length: int | None = setting(
+        None, help="dr_grpo's constant normaliser (unset: the longest completion in the data)")
+    beta: float = setting(0.0, help="KL(policy || base) weight, k3 estimator; base = the "
+                                    "adapter disabled")
+    vllm_importance_sampling_correction: bool = setting(
+        True, help="weight tokens by pi_old / pi_sampler (the server's logprobs)")
+    vllm_importance_sampling_cap: float = setting(2.0, help="cap of that weight")
+    filter_zero_variance_groups: bool = setting(
+        True, help="skip groups whose rewards are all equal (nothing to learn from them)")
+    max_grad_norm: float = setting(1.0, help="gradient clipping norm")
+    seed: int = setting(0, help="random seed (the loop adds the round's number)")
+    group_by_length: bool = setting(False, help="batches of similar length: less padding")
+    share_prompts: bool = setting(
+        True, help="transitions with the same prompt share a micro-batch and run the prompt "
+                   "once (a mask keeps their completions apart): same gradients, fewer "
+                   "positions")
+    gradient_checkpointing: bool = setting(False, help="recompute activations: less memory")
+    bf16: bool | None = setting(None, help="bfloat16 compute (unset: on when training on a GPU)")
+    lora_r: int = setting(8, help="LoRA rank")
+    lora_alpha: int = setting(16, help="LoRA alpha (scaling alpha / r)")
+    lora_dropout: float = setting(0.0, help="LoRA dropout")
+    lora_target_modules: list[str] = setting(
+        help="the modules LoRA adapts",
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    scale_rewards_eps: float = 1e-4
-    # SFT (train_policy(objective="sft"), algorithm="sft"): which transitions to imitate:
-    # "best" of each group, or every one with reward >= sft_min_reward ("threshold")
-    sft_select: SftSelect = "best"
-    sft_min_reward: float | None = None
-    # train only these agents' transitions (None: all); the others' adapters get no new version
-    train_agents: list[str] | None = None
-    # under torchrun: "data" (every rank holds the whole model; gradients averaged) or "fsdp"
-    # (PyTorch FSDP2: each decoder block's weights sharded over the ranks, gathered while the
-    # block runs; bfloat16 compute on GPU unless bf16=False; sharded checkpoints). One process:
-    # the same training either way.
-    parallelism: Parallelism = "data"
-    max_steps: int | None = None  # stop after this many optimizer steps
-    save_steps: int | None = None  # checkpoint every N optimizer steps (needs checkpoint_dir)
+    scale_rewards_eps: float = setting(1e-4, help="added to the std when advantages are scaled")
+    sft_select: SftSelect = setting(
+        "best", help="sft: imitate the best of each group, or every transition with reward >= "
+                     "sft_min_reward (threshold: rejection sampling)")
+    sft_min_reward: float | None = setting(
+        None, help="sft: the reward a transition (threshold) or a group's best must reach")
+    train_agents: list[str] | None = setting(
+        None, help="train only these agents' transitions (unset: all); the others' adapters "
+                   "get no new version")
+    parallelism: Parallelism = setting(
+        "data", help="under torchrun: data (every rank holds the model; gradients averaged) or "
+                     "fsdp (FSDP2: each block's weights sharded over the ranks); one process "
+                     "trains the same either way")
+    max_steps: int | None = setting(None, help="stop after this many optimizer steps")
+    save_steps: int | None = setting(
+        None, help="checkpoint every N optimizer steps (into the run's checkpoints/)")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        for name in ("num_train_epochs", "per_device_train_batch_size",
+                     "gradient_accumulation_steps", "lora_r", "lora_alpha"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be positive, got {self.learning_rate!r}")
+        if self.objective == "sft" and self.sft_select == "threshold" and \
+                self.sft_min_reward is None:
+            raise ValueError("sft_select = 'threshold' needs sft_min_reward")
 
 
 @dataclass

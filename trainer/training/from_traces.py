@@ -16,14 +16,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow.parquet as pq
 
+from agl_bridge import settings
 from agl_bridge.trainer.conversion import ConversionStats, ConvertConfig, convert
-from agl_bridge.trainer.rewards.credit import Algorithm
-from agl_bridge.trainer.rewards.recipes import Recipe, load_recipe
-from agl_bridge.trainer.training.config import POLICIES, TRAIN_ALGORITHMS, Policy, one_of
+from agl_bridge.trainer.training.config import GRPOConfig
 
 
 @dataclass
@@ -47,64 +46,62 @@ def _is_transitions_file(path: Path) -> bool:
     return meta.get(b"agl_bridge.schema") == b"transitions"
 
 
-def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Options by owner: converter (ConvertConfig) or trainer (GRPOConfig); unknown names are
-    an error that lists the known ones."""
-    from agl_bridge.trainer.training.config import GRPOConfig
-
+def split_options(options: dict[str, Any], source: str = "train_from_traces()"
+                  ) -> tuple[ConvertConfig, GRPOConfig]:
+    """Settings by the stage that reads them: conversion (``ConvertConfig``) or training
+    (``GRPOConfig``); an unknown name or a wrong value is an error naming it."""
     convert_names = {f.name for f in dataclasses.fields(ConvertConfig)}
     train_names = {f.name for f in dataclasses.fields(GRPOConfig)}
     unknown = sorted(set(options) - convert_names - train_names)
     if unknown:
-        raise TypeError(f"unknown option(s) {unknown}; converter options: "
-                        f"{sorted(convert_names)}; trainer options: {sorted(train_names)}")
-    return ({k: v for k, v in options.items() if k in convert_names},
-            {k: v for k, v in options.items() if k in train_names})
+        raise settings.SettingError(
+            f"{source}: unknown setting(s) {unknown}; conversion: {sorted(convert_names)}; "
+            f"training: {sorted(train_names)}")
+    rewards = options.get("rewards")
+    if rewards is not None and not isinstance(rewards, (str, os.PathLike)):
+        options = {**options, "rewards": None, "recipe": rewards}  # a Recipe object
+    elif rewards is not None:
+        options = {**options, "rewards": os.fspath(rewards)}
+    return (settings.build(ConvertConfig, {k: v for k, v in options.items()
+                                           if k in convert_names}, source),
+            settings.build(GRPOConfig, {k: v for k, v in options.items()
+                                        if k in train_names}, source))
 
 
 def train_from_traces(
     traces: str | os.PathLike[str] | list,
     base_model: str | os.PathLike[str],
     *,
-    algorithm: Algorithm | Literal["sft"] = "at_grpo",
-    policy: Policy = "shared",
     output_dir: str | os.PathLike[str] = "agl_bridge_run",
     adapter_name: str = "policy",
     init_adapters: dict[str, str | os.PathLike[str]] | None = None,
     progress: bool = True,
     resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
     adapters_dir: str | os.PathLike[str] | None = None,
-    rewards: str | os.PathLike[str] | Recipe | None = None,
     evaluations_from: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> TrainRun:
     """Convert ``traces`` (span Parquet, OTLP/JSON, or a transitions file) and train.
 
-    ``algorithm``: ``at_grpo`` (groups by task, agent and turn; team and local rewards mixed),
-    ``lightning_rl`` (identical assignment, groups by task), or ``sft``: supervised
-    fine-tuning on the completions of the transitions ``sft_select`` picks (the best of each
-    AT-GRPO group, or every one with reward at least ``sft_min_reward``), converted as
-    ``at_grpo`` converts. ``policy``: ``shared``,
-    ``per_agent_lora`` or ``per_agent_model``. Other keyword options go to the converter
-    (``ConvertConfig``: alpha, gamma, advantage_unit, missing_reward, ...) or the trainer
-    (``GRPOConfig``: learning_rate, beta, loss_type, epsilon, save_steps, ...), by name.
+    ``options`` are the settings of the two stages, by name: conversion (``ConvertConfig``:
+    ``algorithm`` (``at_grpo`` groups by task, agent and turn and mixes team and local
+    rewards; ``lightning_rl`` groups by task), ``alpha``, ``baseline``, ``missing_reward``,
+    ``rewards`` (a reward recipe: a TOML path or a ``Recipe``), ...) and training
+    (``GRPOConfig``: ``objective`` (``grpo``, or ``sft``: supervised fine-tuning on the
+    transitions ``sft_select`` picks), ``policy`` (``shared``, ``per_agent_lora``,
+    ``per_agent_model``), ``learning_rate``, ``beta``, ``loss_type``, ``save_steps``, ...);
+    each with the default and meaning ``agl-bridge train --help`` shows.
     Checkpoints (``save_steps``) go to ``<output_dir>/checkpoints``; ``resume_from_checkpoint``
     (True: the latest there) continues an interrupted run on the same transitions.
     ``adapters_dir`` (default ``<output_dir>/adapters``) is where versions are numbered: give
-    successive runs the same one and their versions count on (v1, v2, ...). ``rewards``: a
-    reward recipe (a TOML path or a ``Recipe``) applied at conversion; ``evaluations_from``: a
-    span directory whose evaluation records (feedback, judges) count besides ``traces``'.
+    successive runs the same one and their versions count on (v1, v2, ...).
+    ``evaluations_from``: a span directory whose evaluation records (feedback, judges) count
+    besides ``traces``'.
     """
-    from agl_bridge.trainer.training.config import GRPOConfig
     from agl_bridge.trainer.training.distributed import world_and_rank
     from agl_bridge.trainer.training.loop import train_policy
 
-    if algorithm not in TRAIN_ALGORITHMS:
-        raise ValueError(f"algorithm must be {one_of(TRAIN_ALGORITHMS)}, got {algorithm!r}")
-    credit: Algorithm = "at_grpo" if algorithm == "sft" else algorithm
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be {one_of(POLICIES)}, got {policy!r}")
-    convert_options, train_options = split_options(options)
+    convert_config, train_config = split_options(options)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     single = Path(traces) if isinstance(traces, (str, os.PathLike)) else None
@@ -119,10 +116,7 @@ def train_from_traces(
         world, rank = world_and_rank()
         transitions = out / "transitions.parquet"
         if rank == 0:
-            recipe = (load_recipe(rewards) if isinstance(rewards, (str, os.PathLike))
-                      else rewards)
-            stats = convert(traces, transitions,
-                            ConvertConfig(algorithm=credit, recipe=recipe, **convert_options),
+            stats = convert(traces, transitions, convert_config,
                             evaluations_from=evaluations_from)
         if world > 1:
             _barrier()
@@ -134,19 +128,20 @@ def train_from_traces(
     metrics_path = out / "metrics.jsonl"
     t0 = time.time()
     adapters_root = Path(adapters_dir) if adapters_dir is not None else out / "adapters"
-    result = train_policy(transitions, base_model, adapters_root, policy=policy,
-                          adapter_name=adapter_name, config=GRPOConfig(**train_options),
-                          init_adapters=init_adapters, metrics_path=metrics_path,
-                          progress=progress, checkpoint_dir=out / "checkpoints",
-                          resume_from_checkpoint=resume_from_checkpoint,
-                          objective="sft" if algorithm == "sft" else "grpo")
+    result = train_policy(transitions, base_model, adapters_root, adapter_name=adapter_name,
+                          config=train_config, init_adapters=init_adapters,
+                          metrics_path=metrics_path, progress=progress,
+                          checkpoint_dir=out / "checkpoints",
+                          resume_from_checkpoint=resume_from_checkpoint)
     run = TrainRun(out, transitions, stats, result.adapters, result.steps, metrics_path)
     if world_and_rank()[1] != 0:
         return run
     (out / "run.json").write_text(json.dumps({
         "traces": [str(t) for t in traces] if isinstance(traces, list) else str(traces),
-        "base_model": str(base_model), "algorithm": algorithm, "policy": policy,
-        "options": options, "conversion": stats.summary() if stats else None,
+        "base_model": str(base_model),
+        "settings": {"convert": settings.values(convert_config),
+                     "train": settings.values(train_config)},
+        "conversion": stats.summary() if stats else None,
         "adapters": {k: str(v) for k, v in result.adapters.items()}, "steps": result.steps,
         "seconds": time.time() - t0,
     }, indent=2, default=str))

@@ -27,7 +27,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +44,7 @@ from agl_bridge.trainer.training.checkpoints import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
-from agl_bridge.trainer.training.config import PARALLELISMS, GRPOConfig, Policy, TrainResult
+from agl_bridge.trainer.training.config import GRPOConfig, Objective, Policy, TrainResult
 from agl_bridge.trainer.training.data import batches, collate, pack_rows, read_transitions
 from agl_bridge.trainer.training.distributed import (
     all_reduce_grads,
@@ -68,16 +68,12 @@ from agl_bridge.trainer.training.sharding import (
 
 logger = logging.getLogger(__name__)
 
-Objective = Literal["grpo", "sft"]
-OBJECTIVES: tuple[Objective, ...] = ("grpo", "sft")
-
-
 def train_policy(
     transitions: str | os.PathLike[str] | pa.Table,
     base_model: str | os.PathLike[str],
     adapters_root: str | os.PathLike[str],
     *,
-    policy: Policy = "shared",
+    policy: Policy | None = None,
     adapter_name: str = "policy",
     config: GRPOConfig | None = None,
     init_adapters: dict[str, str | os.PathLike[str]] | None = None,
@@ -86,7 +82,7 @@ def train_policy(
     keep_model: bool = False,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
-    objective: Objective = "grpo",
+    objective: Objective | None = None,
 ) -> TrainResult:
     """One round of policy updates; returns the new adapter version of each trained adapter.
 
@@ -97,10 +93,13 @@ def train_policy(
     (a checkpoint directory, or True for the latest in ``checkpoint_dir``) continues it, with the
     same batches and the same loss trajectory as a run that was never stopped.
     ``objective``: ``grpo``, or ``sft`` (imitate the transitions ``cfg.sft_select`` picks).
+    ``policy`` and ``objective`` default to the config's.
     """
     cfg = config or GRPOConfig()
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    policy = policy or cfg.policy
+    objective = objective or cfg.objective
+    if objective not in ("grpo", "sft"):
+        raise ValueError(f"objective must be grpo or sft, got {objective!r}")
     table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
     if table.num_rows == 0:
         raise ValueError("no transitions to train on (see the converter's skip counts)")
@@ -176,8 +175,6 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         flat = {g for g, values in by_group.items() if len(values) < 2}
         skipped_zero_variance = sum(r["group_id"] in flat for r in rows)
         rows = [r for r in rows if r["group_id"] not in flat]
-    if cfg.parallelism not in PARALLELISMS:
-        raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {cfg.parallelism!r}")
     world, rank = world_and_rank()  # the process group first: FSDP shards over it
     sharded = cfg.parallelism == "fsdp" and world > 1
     mixed = sharded and torch.cuda.is_available() and cfg.bf16 in (None, True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from agl_bridge.trainer.training.config import SFT_SELECTS, LossType, SftSelect
+from agl_bridge.trainer.training.config import LossType, SftSelect
 from agl_bridge.trainer.training.losses import aggregate
 
 
@@ -36,7 +36,7 @@ def select_for_sft(rewards: np.ndarray, groups: np.ndarray, how: SftSelect = "be
             raise ValueError("sft_select='threshold' needs sft_min_reward")
         return rewards >= min_reward
     if how != "best":
-        raise ValueError(f"sft_select must be one of {SFT_SELECTS}, got {how!r}")
+        raise ValueError(f"sft_select must be best or threshold, got {how!r}")
     if len(rewards) == 0:
         return np.zeros(0, dtype=bool)
     _, code = np.unique(np.asarray(groups), return_inverse=True)

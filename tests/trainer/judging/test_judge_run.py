@@ -204,7 +204,7 @@ def test_http_errors_and_timeouts_are_reported_with_the_episode(tmp_path):
         return '{"score": 1}', []
 
     with ScriptedServer(script=slow) as server:
-        summary = judge(spans, server, retries=0, timeout_s=0.3)
+        summary = judge(spans, server, retries=0, timeout=0.3)
     assert summary.failed["e1"].startswith("no answer from http://127.0.0.1:")
     assert "within 0.3 s" in summary.failed["e1"]
     from agl_bridge.trainer.serving.vllm_server import free_port
@@ -411,7 +411,7 @@ def test_cli_errors_name_the_file_and_exit_codes_say_what_happened(tmp_path):
     assert out.returncode == 2 and "not a span directory" in out.stderr
     out = agl("judge", spans, "--rubric", bad, "--base-url", "http://x/v1", "--model", "m",
               "--extra-body", "[1]")
-    assert out.returncode == 2 and "--extra-body '[1]': expected a JSON object" in out.stderr
+    assert out.returncode == 2 and "--extra-body: '[1]': expected a JSON object" in out.stderr
     text = tmp_path / "right-sum.txt"
     text.write_text("Is the final answer the right sum?")
 

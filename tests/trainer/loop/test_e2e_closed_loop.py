@@ -16,9 +16,9 @@ from agl_bridge.trainer.loop import demo as closed_loop
 
 pytestmark = pytest.mark.e2e
 
-TINY = ["--model", "tiny", "--tasks-per-round", "4", "--rollouts", "4", "--eval-tasks", "8",
-        "--gate", "off",
-        "--learning-rate", "2e-2", "--batch-size", "8"]
+TINY = ["--model", "tiny", "--tasks-per-round", "4", "--rollouts", "4", "--eval-size", "8",
+        "--gate.rule", "off",
+        "--train.learning-rate", "2e-2", "--train.per-device-train-batch-size", "8"]
 
 
 def test_tiny_loop_completes_resumes_and_reports(tmp_path, capsys):
@@ -57,7 +57,8 @@ def test_tiny_loop_completes_resumes_and_reports(tmp_path, capsys):
 def test_smollm2_team_reward_rises_after_one_round(tmp_path):
     data = closed_loop.main(["--workdir", str(tmp_path / "demo"), "--model", "smollm2",
                              "--rounds", "2", "--tasks-per-round", "16", "--rollouts", "4",
-                             "--eval-tasks", "40", "--learning-rate", "4e-4", "--minutes", "60"])
+                             "--eval-size", "40", "--train.learning-rate", "4e-4",
+                             "--minutes", "60"])
     r0, r1 = (r["episodes"]["team_reward"]["mean"] for r in data["rounds"])
     # round 1's rollouts are sampled from the adapters trained on round 0's: on 64 episodes
     # each, 0.22 -> 0.56 when measured; the held-out set (greedy) went 22.5% -> 42.5%

@@ -19,10 +19,11 @@ def test_production_demo_learns_from_later_feedback_only(tmp_path):
     (work / "round00").mkdir(parents=True)
     (work / "state.json").write_text('{"left": "by an earlier run"}')  # --fresh discards it
     data = demo.main(["--workdir", str(work), "--model", "tiny", "--production", "--fresh",
-                      "--rounds", "2", "--minutes", "12", "--eval-tasks", "8",
-                      "--gate-tasks", "8", "--min-episodes", "12", "--concurrency", "4",
-                      "--learning-rate", "2e-2", "--batch-size", "8", "--rewards-from", "both",
-                      "--judge-max-episodes", "8", "--replay", "2", "--replay-inputs", "3"])
+                      "--rounds", "2", "--minutes", "12", "--eval-size", "8",
+                      "--gate-size", "8", "--min-episodes", "12", "--concurrency", "4",
+                      "--train.learning-rate", "2e-2",
+                      "--train.per-device-train-batch-size", "8", "--rewards-from", "both",
+                      "--judge.max-episodes", "8", "--replay-k", "2", "--replay-inputs", "3"])
     served = [json.loads(line) for line in (work / "served.jsonl").read_text().splitlines()]
     assert len({(r["a"], r["b"]) for r in served}) == len(served) > 20  # never repeated
     held = {(t["a"], t["b"]) for t in map(json.loads, (work / "eval-tasks.jsonl").open())}

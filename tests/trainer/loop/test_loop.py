@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agl_bridge.settings import SettingError, build
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop
 from agl_bridge.trainer.loop.gate import gate, paired
@@ -43,10 +44,14 @@ def setup(tmp_path, tiny, server, **settings):
     values = dict(workdir=str(tmp_path / "loop"), model=str(tiny), server=server.base_url,
                   registry=str(tmp_path / "registry"), agents=["solver"], team=TEAM,
                   tasks=str(tmp_path / "train.jsonl"), tasks_per_round=4, rollouts=2,
-                  eval_tasks=str(tmp_path / "eval.jsonl"), learning_rate=1e-2, batch_size=4,
-                  lora_r=4, rounds=2, minutes=30, watch_episodes=4, missing_reward="drop")
-    values.update(settings)
-    return LoopConfig(**values)
+                  eval_tasks=str(tmp_path / "eval.jsonl"), rounds=2, minutes=30,
+                  train={"learning_rate": 1e-2, "per_device_train_batch_size": 4, "lora_r": 4,
+                         "lora_alpha": 8, "policy": "per_agent_lora"},
+                  watch={"episodes": 4}, convert={"missing_reward": "drop"})
+    for key, value in settings.items():
+        table, _, name = key.rpartition(".")
+        (values.setdefault(table, {}) if table else values)[name] = value
+    return build(LoopConfig, values, "test")
 
 
 def test_the_gate_refuses_a_worse_candidate_and_publishes_a_good_one(tmp_path, tiny):
@@ -71,7 +76,7 @@ def test_a_shared_policy_is_published_to_every_agent_and_trained_on(tmp_path, ti
     alias, and the next round continues it (it was published to no agent, and the team stayed
     on the base model)."""
     with server_for(bad=set()) as server:
-        data = Loop(setup(tmp_path, tiny, server, policy="shared")).run()
+        data = Loop(setup(tmp_path, tiny, server, **{"train.policy": "shared"})).run()
     r0, r1 = data["rounds"]
     assert r0["adapters"] == {"policy": str(tmp_path / "loop" / "adapters" / "policy" / "v0001")}
     assert r0["published"] == {"solver": "solver@v1"}
@@ -83,7 +88,7 @@ def test_a_shared_policy_is_published_to_every_agent_and_trained_on(tmp_path, ti
 def test_the_watch_rolls_back_a_version_whose_live_reward_dropped(tmp_path, tiny):
     # the gate is off; v1 goes live, then answers wrongly in the rollouts it serves
     with server_for(bad={"solver@v1"}) as server:
-        data = Loop(setup(tmp_path, tiny, server, gate="off", eval_tasks=None)).run()
+        data = Loop(setup(tmp_path, tiny, server, eval_tasks=None, **{"gate.rule": "off"})).run()
     r0, r1 = data["rounds"]
     assert r0["published"] == {"solver": "solver@v1"}
     assert r1["watch"]["verdict"] == "rollback" and r1["rolled_back"] is True
@@ -96,7 +101,7 @@ def test_the_watch_rolls_back_a_version_whose_live_reward_dropped(tmp_path, tiny
 
 def test_a_killed_loop_goes_on_from_its_state(tmp_path, tiny):
     with server_for(bad=set()) as server:
-        cfg = setup(tmp_path, tiny, server, gate="off", rounds=3)
+        cfg = setup(tmp_path, tiny, server, rounds=3, **{"gate.rule": "off"})
         config = tmp_path / "loop.json"
         config.write_text(json.dumps({k: v for k, v in cfg.settings().items()}))
         state = tmp_path / "loop" / "state.json"
@@ -139,9 +144,9 @@ def test_live_replay_turns_new_episodes_into_groups(tmp_path, tiny):
         server.requests.clear()
         cfg = setup(tmp_path, tiny, server, team=None, tasks=None,
                     traces=str(tmp_path / "prod" / "spans"), settle_s=0.0, min_episodes=6,
-                    max_wait_s=5.0, rounds=1, gate="off", eval_tasks=None,
-                    baseline="group,batch", replay_k=3, replay_inputs=4, replay_team=TEAM,
-                    replay_field="app.number")
+                    max_wait_s=5.0, rounds=1, eval_tasks=None, replay_k=3, replay_inputs=4,
+                    replay_team=TEAM, replay_field="app.number",
+                    **{"gate.rule": "off", "convert.baseline": "group,batch"})
         data = Loop(cfg).run()
         asked = [b["messages"][-1]["content"] for b in server.requests
                  if b.get("messages") and b["messages"][-1]["content"].startswith("say")]
@@ -160,7 +165,7 @@ def test_live_replay_turns_new_episodes_into_groups(tmp_path, tiny):
      "replay_k must be at least 2"),
     ({"team": None, "tasks": None, "traces": "live", "replay_k": 4, "replay_inputs": 0},
      "replay_inputs must be at least 1"),
-    ({"team": None, "tasks": None, "traces": "live", "replay_k": 4, "gate": "off"},
+    ({"team": None, "tasks": None, "traces": "live", "replay_k": 4},
      "replay needs a team command"),
 ])
 def test_replay_settings_are_checked(settings, problem):
@@ -168,36 +173,34 @@ def test_replay_settings_are_checked(settings, problem):
 
 
 @pytest.mark.parametrize("settings, problem", [
-    ({"algorithm": "ppo"}, "algorithm must be at_grpo, lightning_rl or sft"),
-    ({"policy": "solo"}, "policy must be shared, per_agent_lora or per_agent_model"),
-    ({"train_agents": ["b"]}, r"train_agents \['b'\] must be among agents \['a'\]"),
-    ({"algorithm": "sft", "sft_select": "top"}, "sft_select must be best or threshold"),
-    ({"algorithm": "sft", "sft_select": "threshold"}, "needs sft_min_reward"),
+    ({"convert.algorithm": "ppo"}, "convert.algorithm = 'ppo': expected one of 'at_grpo', "
+                                   "'lightning_rl'"),
+    ({"train.policy": "solo"}, "train.policy = 'solo': expected one of 'shared', "
+                               "'per_agent_lora', 'per_agent_model'"),
+    ({"train.train_agents": ["b"]}, r"train.train_agents \['b'\] must be among agents \['a'\]"),
+    ({"train.objective": "sft", "train.sft_select": "top"}, "train.sft_select = 'top': "
+                                                           "expected one of 'best', 'threshold'"),
+    ({"train.objective": "sft", "train.sft_select": "threshold"}, "needs sft_min_reward"),
+    ({"train.lora_r": 0}, "lora_r must be at least 1, got 0"),
+    ({"convert.missing_reward": "abc"}, "convert.missing_reward = 'abc': expected one of "
+                                        "'drop' or a number"),
+    ({"train.learning_rate": "fast"}, "train.learning_rate = 'fast': expected a number"),
+    ({"train.learnin_rate": 1e-4}, "unknown setting train.learnin_rate"),
+    ({"rounds": True}, "rounds = true: expected an integer"),
 ])
 def test_training_settings_are_checked(settings, problem):
     _refused(settings, problem)
 
 
-@pytest.mark.parametrize("settings, options", [
-    ({}, {}),
-    ({"train_agents": ["a"]}, {"train_agents": ["a"]}),
-    ({"algorithm": "sft"}, {"sft_select": "best"}),
-    ({"algorithm": "sft", "sft_select": "threshold", "sft_min_reward": 1.0},
-     {"sft_select": "threshold", "sft_min_reward": 1.0}),
-    ({"sft_select": "threshold", "sft_min_reward": 1.0}, {}),  # not sft: not the trainer's
-])
-def test_the_trainer_gets_single_role_and_sft_selection_options(settings, options):
-    loop = Loop.__new__(Loop)  # _train_options reads the config only
-    loop.cfg = LoopConfig(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off",
-                          **settings).check()
-    assert loop._train_options() == options
-
-
 def _refused(settings, problem):
-    values = dict(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off")
-    values.update(settings)
+    """Each setting as a file gives it (dotted: a table's); refused with the key named."""
+    values: dict = dict(model="m", agents=["a"], team="t", tasks="t.jsonl",
+                        gate={"rule": "off"})
+    for key, value in settings.items():
+        table, _, name = key.rpartition(".")
+        (values.setdefault(table, {}) if table else values)[name] = value
     with pytest.raises(ValueError, match=problem):
-        LoopConfig(**values).check()
+        build(LoopConfig, values, "loop.toml").check()
 
 
 @pytest.mark.parametrize("live, candidate, rule, publish", [
@@ -234,23 +237,40 @@ def test_watch_rules(previous, current, verdict):
 
 
 @pytest.mark.parametrize("settings, problem", [
-    ({"judge": "rubric.toml"}, "judge scores a live traces directory"),
-    ({"team": None, "tasks": None, "traces": "live", "judge": "missing.toml"},
+    ({"judge.rubric": "rubric.toml"}, "judge.rubric scores a live traces directory"),
+    ({"team": None, "tasks": None, "traces": "live", "judge.rubric": "missing.toml"},
      "is not a rubric file"),
-    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
-      "judge_mode": "pairs"}, "judge_mode must be absolute or relative"),
-    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
-      "judge_max_episodes": 0}, "judge_max_episodes must be at least 1"),
-    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
-      "judge_extra_body": "{top_k: 5}"}, "judge_extra_body is not JSON"),
-    ({"team": None, "tasks": None, "traces": "live", "judge": "rubric.toml",
-      "judge_extra_body": "[5]"}, "judge_extra_body must be a JSON object"),
-    ({"judge_max_episode_chars": 10}, "judge_max_episode_chars must be at least 100"),
+    ({"team": None, "tasks": None, "traces": "live", "judge.rubric": "rubric.toml",
+      "judge.mode": "pairs"}, "judge.mode = 'pairs': expected one of 'absolute', 'relative'"),
+    ({"team": None, "tasks": None, "traces": "live", "judge.rubric": "rubric.toml",
+      "judge.max_episodes": 0}, "max_episodes must be at least 1"),
+    ({"team": None, "tasks": None, "traces": "live", "judge.rubric": "rubric.toml",
+      "judge.extra_body": [5]}, r"judge.extra_body = \[5\]: expected a table"),
+    ({"judge.max_episode_chars": 10}, "max_episode_chars must be at least 100"),
 ])
 def test_judge_settings_are_checked(tmp_path, monkeypatch, settings, problem):
     monkeypatch.chdir(tmp_path)
     Path("rubric.toml").write_text('name = "x"\ninstructions = "y"\n')
-    values = dict(model="m", agents=["a"], team="t", tasks="t.jsonl", gate="off")
-    values.update(settings)
-    with pytest.raises(ValueError, match=problem):
-        LoopConfig(**values).check()
+    _refused(settings, problem)
+
+
+def test_a_loop_file_with_tables_gives_the_stages_their_settings(tmp_path):
+    """The loop's file nests each stage's settings as its table, with the stage's names; what
+    it does not set keeps the stage's one default."""
+    path = tmp_path / "loop.toml"
+    path.write_text('model = "m"\nagents = ["a"]\nteam = "t"\ntasks = "t.jsonl"\n'
+                    '[train]\nlearning_rate = 3e-4\nobjective = "sft"\n'
+                    '[convert]\nalpha = 0.5\nbaseline = "group,batch"\n'
+                    '[gate]\nrule = "off"\n')
+    from agl_bridge.settings import read_file
+    from agl_bridge.trainer.training.config import GRPOConfig
+
+    cfg = build(LoopConfig, read_file(path), str(path)).check()
+    assert cfg.train.learning_rate == 3e-4 and cfg.train.objective == "sft"
+    assert cfg.train.lora_r == GRPOConfig().lora_r  # the training stage's default
+    assert cfg.convert.alpha == 0.5 and cfg.convert.baselines == ("group", "batch")
+    assert cfg.gate.rule == "off"
+    path.write_text('model = "m"\n[train]\nlearning_rate = "high"\n')
+    with pytest.raises(SettingError, match=f"{path}: train.learning_rate = 'high': expected "
+                                           "a number"):
+        build(LoopConfig, read_file(path), str(path))

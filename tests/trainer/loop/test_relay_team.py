@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge.trainer.conversion import ConvertConfig, convert
-from agl_bridge.trainer.loop.demo import TEAMS, held_out, training_tasks
+from agl_bridge.trainer.loop.demo import TEAMS, held_out, team_agents, training_tasks
 from agl_bridge.trainer.loop.team import run_team
 from agl_bridge.trainer.loop.teams.relay import (
     make_story,
@@ -57,8 +57,9 @@ def test_team_needs_the_true_sum():
 
 
 def test_demo_tasks_carry_their_story_and_the_relay_team():
-    module, aliases = TEAMS["relay"]
-    assert module.endswith("teams.relay") and aliases == ("reader", "solver")
+    # the aliases come from the team's own program (its AGENTS), not from the demo
+    assert TEAMS["relay"].endswith("teams.relay") and team_agents("relay") == ("reader", "solver")
+    assert team_agents("add") == ("solver", "checker")
     ev = held_out("relay", 10, 0)
     assert all(t["kind"] == "relay" and str(t["a"]) in t["story"] for t in ev)
     train = training_tasks("relay", 8, 0, 0, ev)
@@ -89,7 +90,7 @@ def test_the_team_runs_under_zero_code_capture_and_each_role_sees_its_own(tmp_pa
     for t in tasks:
         STORY_OPERANDS[t["story"]] = (t["a"], t["b"]) if t["a"] != 9 else (t["a"], 99)
     with ScriptedServer(vllm=True, script=_script, completion_ids=[5, 6]) as server:
-        run = run_team(f"python -m {TEAMS['relay'][0]}", tasks, tmp_path / "run",
+        run = run_team(f"python -m {TEAMS['relay']}", tasks, tmp_path / "run",
                        base_url=server.base_url, aliases=None, timeout_s=300)
     assert len(run.results) == 6
     for r in run.results:
@@ -111,13 +112,14 @@ def test_the_team_runs_under_zero_code_capture_and_each_role_sees_its_own(tmp_pa
 
 
 def test_branch_samples_the_readers_turn_k_ways_and_evaluation_never_branches(tmp_path):
-    from agl_bridge.trainer.loop.demo import build_parser, team_commands
+    from agl_bridge.cli import build_parser
+    from agl_bridge.trainer.loop.demo import team_commands
 
     tasks = held_out("relay", 3, 2)
     for t in tasks:
         STORY_OPERANDS[t["story"]] = (t["a"], t["b"])
     with ScriptedServer(vllm=True, script=_script, completion_ids=[5, 6]) as server:
-        run = run_team(f"python -m {TEAMS['relay'][0]} --branch 3", tasks, tmp_path / "run",
+        run = run_team(f"python -m {TEAMS['relay']} --branch 3", tasks, tmp_path / "run",
                        base_url=server.base_url, aliases=None, timeout_s=300)
     assert len(run.results) == 3 and all(r["success"] for r in run.results)
     reader = [b for b in server.requests if b["messages"][0]["content"].startswith("You read")]
@@ -132,7 +134,7 @@ def test_branch_samples_the_readers_turn_k_ways_and_evaluation_never_branches(tm
     assert sorted(r["candidate_index"] for r in by_agent["reader"]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert all(r["candidate_index"] is None for r in by_agent["solver"])
     # the demo passes --branch to training rollouts only, and only for the relay team
-    assert build_parser().parse_args(["--task", "relay", "--branch", "4"]).branch == 4
+    assert build_parser().parse_args(["demo", "--task", "relay", "--branch", "4"]).branch == 4
     team, evaluation = team_commands("relay", 4)
     assert team.endswith("--reward relay --branch 4") and "--branch" not in evaluation
     with pytest.raises(SystemExit, match="--branch is for --task relay"):

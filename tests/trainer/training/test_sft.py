@@ -40,7 +40,7 @@ def test_selection_table(how, min_reward, expected):
 def test_selection_errors_and_empty_input():
     with pytest.raises(ValueError, match="needs sft_min_reward"):
         select_for_sft(R, G, "threshold")
-    with pytest.raises(ValueError, match="sft_select must be one of"):
+    with pytest.raises(ValueError, match="sft_select must be best or threshold"):
         select_for_sft(R, G, "top")  # type: ignore[arg-type]
     assert select_for_sft(np.array([]), np.array([]), "best").shape == (0,)
 
@@ -99,11 +99,11 @@ def test_sft_that_selects_nothing_says_why(tiny, tmp_path):
     with pytest.raises(ValueError, match="no reward reaches sft_min_reward"):
         train_policy(table, tiny, tmp_path, progress=False, objective="sft",
                      config=GRPOConfig(sft_select="threshold", sft_min_reward=0.9))
-    with pytest.raises(ValueError, match="objective must be one of"):
+    with pytest.raises(ValueError, match="objective must be grpo or sft"):
         train_policy(table, tiny, tmp_path, progress=False, objective="ppo")  # type: ignore
 
 
-def test_train_from_traces_and_the_cli_take_algorithm_sft(tiny, tmp_path):
+def test_train_from_traces_and_the_cli_take_objective_sft(tiny, tmp_path):
     table = _table([1.0, 0.0, 1.0, 0.0], None)
     path = tmp_path / "transitions.parquet"
     import pyarrow.parquet as pq
@@ -111,14 +111,15 @@ def test_train_from_traces_and_the_cli_take_algorithm_sft(tiny, tmp_path):
     from agl_bridge.schema import TRANSITION_SCHEMA
 
     pq.write_table(table.cast(TRANSITION_SCHEMA), path)
-    run = agl_bridge.train_from_traces(path, tiny, algorithm="sft", output_dir=tmp_path / "run",
+    run = agl_bridge.train_from_traces(path, tiny, objective="sft", output_dir=tmp_path / "run",
                                        progress=False, sft_select="threshold",
                                        sft_min_reward=0.5)
     assert run.steps > 0
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["algorithm"] == "sft"
+    saved = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert saved["settings"]["train"]["objective"] == "sft"
     exe = Path(sys.executable).with_name("agl-bridge")
     out = subprocess.run([str(exe), "train", str(path), "--base-model", str(tiny),
-                          "--algorithm", "sft", "--sft-select", "threshold",
+                          "--objective", "sft", "--sft-select", "threshold",
                           "--sft-min-reward", "0.5", "--output-dir", str(tmp_path / "cli")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -34,13 +34,15 @@ def test_per_agent_lora_from_spans(tiny, spans_dir, tmp_path):
     assert run.conversion.transitions == 8 and run.steps > 0
     assert len(run.metrics_path.read_text().splitlines()) >= 2
     saved = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert saved["policy"] == "per_agent_lora" and saved["options"]["alpha"] == 1.0
+    assert saved["settings"]["train"]["policy"] == "per_agent_lora"
+    assert saved["settings"]["convert"]["alpha"] == 1.0
+    assert saved["settings"]["train"]["lora_r"] == 8  # every setting recorded, defaults too
 
 
 def test_unknown_options_and_bad_choices_are_clear(tiny, spans_dir, tmp_path):
-    with pytest.raises(TypeError, match="unknown option\\(s\\) \\['learning_rat'\\]"):
+    with pytest.raises(ValueError, match="unknown setting\\(s\\) \\['learning_rat'\\]"):
         agl_bridge.train_from_traces(spans_dir, tiny, output_dir=tmp_path, learning_rat=1.0)
-    with pytest.raises(ValueError, match="policy must be"):
+    with pytest.raises(ValueError, match="policy = 'solo': expected one of 'shared'"):
         agl_bridge.train_from_traces(spans_dir, tiny, output_dir=tmp_path, policy="solo")
 
 
@@ -56,9 +58,9 @@ def test_cli_with_a_toml_config_and_flags(tiny, spans_dir, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "adapter policy:" in out.stdout and "8 transitions" in out.stdout
     saved = json.loads((tmp_path / "cli-run" / "run.json").read_text())
-    assert saved["algorithm"] == "lightning_rl"
-    assert saved["options"]["learning_rate"] == 0.01  # the flag wins over the file
-    assert saved["options"]["loss_type"] == "dr_grpo"
+    assert saved["settings"]["convert"]["algorithm"] == "lightning_rl"
+    assert saved["settings"]["train"]["learning_rate"] == 0.01  # the flag wins over the file
+    assert saved["settings"]["train"]["loss_type"] == "dr_grpo"
     bad = subprocess.run([str(exe), "train", str(spans_dir), "--base-model", str(tiny),
                           "--config", str(config) + ".missing"], capture_output=True, text=True)
     assert bad.returncode == 2 and "agl-bridge train: error:" in bad.stderr
@@ -76,7 +78,8 @@ def test_cli_continues_every_agents_adapter_and_flags_win(tiny, spans_dir, tmp_p
     assert main([*common, "--output-dir", str(tmp_path / "r1")]) == 0
     assert main([*common, "--output-dir", str(tmp_path / "r2"), "--continue"]) == 0
     saved = json.loads((tmp_path / "r2" / "run.json").read_text())
-    assert saved["algorithm"] == "at_grpo" and saved["policy"] == "per_agent_lora"
+    assert saved["settings"]["convert"]["algorithm"] == "at_grpo"
+    assert saved["settings"]["train"]["policy"] == "per_agent_lora"
     for agent in ("solver", "checker"):
         meta = json.loads((adapters / agent / "v0002" / "agl_bridge_adapter.json").read_text())
         assert meta["init_adapter"] == str(adapters / agent / "v0001")
@@ -96,7 +99,7 @@ def test_cli_under_torchrun_with_fsdp_converts_once_and_trains_sharded(tiny, spa
     assert out.stdout.count("8 transitions") == 1  # one conversion, printed once
     assert out.stdout.count("adapter solver:") == out.stdout.count("adapter checker:") == 1
     saved = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert saved["options"]["parallelism"] == "fsdp"
+    assert saved["settings"]["train"]["parallelism"] == "fsdp"
     assert sorted(saved["adapters"]) == ["checker", "solver"]
     # 8 transitions, batch 1, 2 ranks: 2 steps of each adapter on every rank
     assert saved["steps"] == 4

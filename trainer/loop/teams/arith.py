@@ -31,6 +31,7 @@ import agl_bridge
 from agl_bridge import semconv as sc
 from agl_bridge.trainer.loop.teams import program
 
+AGENTS = ("solver", "checker")  # the aliases they ask for; the demo reads them here
 QUESTION = "Compute {a} + {b}. Reply with one line: {a} + {b} = <result>"
 SOLVER_SYSTEM = None  # the question says what form to answer in
 CHECKER_SYSTEM = ("You check the answer that follows the question. Reply with one line: "
@@ -101,7 +102,7 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                        if isinstance(m, BaseTextChatMessage) and m.source != "user"}
             parts = {name: score(replies.get(name, ""), a, b) if reward == "add" else
                      score_lower(replies.get(name, ""), args.max_tokens)
-                     for name in ("solver", "checker")}
+                     for name in AGENTS}
             team_parts = {"correct": parts["checker"]["correct"],
                           "close": parts["checker"]["close"]}
             return program.reward_and_result(task, rollout, episode_id, a, b, replies,
@@ -111,7 +112,7 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
 async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
     clients = {name: program.model_client(args.base_url, getattr(args, f"{name}_model"),
                                           args.temperature, args.max_tokens)
-               for name in ("solver", "checker")}
+               for name in AGENTS}
     sem = asyncio.Semaphore(args.concurrency)
     total = len(tasks) * args.rollouts
     done = 0

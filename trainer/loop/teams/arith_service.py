@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Iterator
 
-from agl_bridge.trainer.loop.teams.arith import play
+from agl_bridge.trainer.loop.teams.arith import AGENTS, play
 from agl_bridge.trainer.loop.teams.program import model_client
 
 QUESTION_SPACE = [(a, b) for a in range(2, 200) for b in range(2, 20)]
@@ -49,7 +49,7 @@ async def serve(args: argparse.Namespace) -> int:
             with open(path) as f:
                 exclude |= {(t["a"], t["b"]) for t in map(json.loads, f) if "a" in t}
     clients = {name: model_client(args.base_url, name, args.temperature, args.max_tokens)
-               for name in ("solver", "checker")}
+               for name in AGENTS}
     sem = asyncio.Semaphore(args.concurrency)
     deadline = time.monotonic() + args.minutes * 60
     stop = asyncio.Event()
