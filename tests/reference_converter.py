@@ -208,7 +208,7 @@ def reference_spans_to_transitions(spans: pa.Table, config: ConvertConfig | None
                                    missing_reward: Literal["drop"] | float | None = None,
                                    source: str = "") -> tuple[pa.Table, ConversionStats]:
     """The reference implementation: a Python loop per call, kept as the fast path's oracle
-    (``tests/test_convert_columnar.py``)."""
+    (``tests/trainer/conversion/test_convert_columnar.py``)."""
     cfg = config or ConvertConfig()
     if missing_reward is not None:
         cfg = ConvertConfig(**{**cfg.__dict__, "missing_reward": missing_reward})
