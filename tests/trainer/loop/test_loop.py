@@ -16,7 +16,7 @@ import pytest
 
 from agl_bridge.settings import SettingError, build
 from agl_bridge.trainer.loop.config import LoopConfig
-from agl_bridge.trainer.loop.engine import Loop
+from agl_bridge.trainer.loop.engine import Loop, LoopCallback
 from agl_bridge.trainer.loop.gate import gate, paired
 from agl_bridge.trainer.loop.team import write_tasks
 from agl_bridge.trainer.loop.watch import watch
@@ -54,9 +54,35 @@ def setup(tmp_path, tiny, server, **settings):
     return build(LoopConfig, values, "test")
 
 
+class Recorder(LoopCallback):
+    """The loop's public callbacks, in the order they come."""
+
+    def __init__(self):
+        self.calls = []
+
+    def on_train_begin(self, loop):
+        self.calls.append("train_begin")
+
+    def on_train_end(self, loop):
+        self.calls.append("train_end")
+
+    def on_evaluate(self, loop, label, out):
+        self.calls.append(f"evaluate {label} {(out / 'results.jsonl').exists()}")
+        loop.data[label]["seen_by_callback"] = True  # saved with the state
+
+    def on_round_end(self, loop, directory, record):
+        self.calls.append(f"round_end {record['round']} {directory.name}")
+
+
 def test_the_gate_refuses_a_worse_candidate_and_publishes_a_good_one(tmp_path, tiny):
+    recorder = Recorder()
     with server_for(bad={"solver@v1"}) as server:
-        data = Loop(setup(tmp_path, tiny, server)).run()
+        data = Loop(setup(tmp_path, tiny, server), callbacks=[recorder]).run()
+    assert recorder.calls == ["evaluate baseline True", "train_begin", "train_end",
+                              "round_end 0 round00", "train_begin", "train_end",
+                              "round_end 1 round01", "evaluate final True"]
+    saved = json.loads((tmp_path / "loop" / "state.json").read_text())
+    assert saved["baseline"]["seen_by_callback"] and saved["final"]["seen_by_callback"]
     r0, r1 = data["rounds"]
     assert r0["gate"]["publish"] is False and r0["gate"]["difference"] == -1.0
     assert "refused" not in r0 and r0.get("published") is None
