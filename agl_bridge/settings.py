@@ -34,7 +34,7 @@ from typing import Any, Literal, TypeVar, Union
 
 T = TypeVar("T")
 HELP, PYTHON_ONLY = "agl_bridge.help", "agl_bridge.python_only"
-DEFAULT, FILE, FLAG = "default", "file", "flag"
+DEFAULT = "default"  # the origin of a value no layer gave
 
 
 def setting(default: Any = MISSING, *, help: str, default_factory: Callable[[], Any] | None = None,
@@ -273,8 +273,7 @@ def add_flags(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str =
         kwargs: dict[str, Any] = {"dest": path, "default": argparse.SUPPRESS,
                                   "help": f.metadata[HELP] + shown}
         choices = choices_of(tp)
-        item = _scalar(tp)
-        if item is bool:
+        if _strip_none(tp) is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(_strip_none(tp)) in (list, tuple):
             kwargs.update(nargs="+", type=_parser(typing.get_args(_strip_none(tp))[0]),
@@ -296,10 +295,6 @@ def _strip_none(tp: Any) -> Any:
         if len(args) == 1:
             return args[0]
     return tp
-
-
-def _scalar(tp: Any) -> Any:
-    return _strip_none(tp)
 
 
 def _is_mapping(tp: Any) -> bool:

@@ -11,7 +11,7 @@ produce them again, with no advantage and no clipping. Two ways to say "went wel
 * ``threshold``: every transition with reward at least ``min_reward`` (production traffic,
   where tasks do not repeat and groups have one member).
 
-Pure functions of arrays, checked on tables in ``tests/test_sft.py``.
+Pure functions of arrays, checked on tables in ``tests/trainer/training/test_sft.py``.
 """
 
 from __future__ import annotations
