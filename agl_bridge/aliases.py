@@ -1,9 +1,10 @@
 """The alias table: what agents ask for (``coder``) -> the adapter version live now (``coder@v7``).
 
 The publisher writes it (atomically: temp file + rename); every agent process reads it on each
-call through alias routing on the OpenAI client (``enable_routing``; the OpenAI instrumentor
-turns it on), so a new version goes live for running agents with no code change. Reading is
-cheap: one ``os.stat`` per call, and the file is parsed again only when it changed (inode,
+call through alias routing on the OpenAI client
+(``agl_bridge.integrations.openai.enable_routing``; the OpenAI instrumentor turns it on), so
+a new version goes live for running agents with no code change. Reading is cheap: one
+``os.stat`` per call, and the file is parsed again only when it changed (inode,
 modification time or size). ``AGL_BRIDGE_ALIASES`` names the file; unset, nothing is resolved
 and nothing is read.
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -287,28 +287,3 @@ def _switch_default(path: str | None) -> None:
     _default_path = path
     if isinstance(old, HttpAliasTable):
         old.close()
-
-
-def enable_routing() -> None:
-    """Send every OpenAI ``chat.completions.create`` of this process to the live version of the
-    alias it asks for, whether or not it is traced (imports openai).
-
-    ``OpenAIInstrumentor().instrument()`` (and so ``AGL_BRIDGE_AUTO`` and
-    ``opentelemetry-instrument``) calls this unless given ``routing=False``.
-    """
-    from agl_bridge.integrations.openai import routing
-
-    routing.enable()
-
-
-def disable_routing() -> None:
-    """Send model names as agents write them. Tracing, if on, stays on."""
-    from agl_bridge.integrations.openai import routing
-
-    routing.disable()
-
-
-def routing_enabled() -> bool:
-    """Whether ``enable_routing`` is in force (never imports openai to find out)."""
-    routing = sys.modules.get("agl_bridge.integrations.openai.routing")
-    return routing is not None and routing.enabled()

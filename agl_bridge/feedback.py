@@ -18,24 +18,21 @@ capture when agl-bridge capture is on (Parquet and/or OTLP, as configured); else
 ``$AGL_BRIDGE_PARQUET_DIR``. A direct write is durable when ``feedback`` returns (the span
 Parquet write-ahead log) and visible to conversion within ``FEEDBACK_FILE_AGE_S`` seconds, at
 ``flush_feedback()`` or at exit. Nothing else is needed in the calling process.
+
+The record's attributes are made and checked in ``agl_bridge.evaluations``; this module sends
+them, through ``agl_bridge.otel`` (imported on call: ``import agl_bridge`` loads no SDK and no
+pyarrow).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import secrets
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from agl_bridge import semconv as sc
-from agl_bridge.capture import capture_messages
-
-_PREFIXES = (sc.TARGET_EPISODE, sc.TARGET_TRACE, sc.TARGET_RESPONSE)
-DEFAULT_NAME = "feedback"
-ANY_TARGET = "any"  # the prefix of a target whose kind was not said
+from agl_bridge.evaluations import evaluation_attributes
 
 FEEDBACK_FILE_AGE_S = 5.0
 _writers: dict[str, Any] = {}
@@ -56,72 +53,6 @@ def current_trace_id() -> str | None:
 
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else None
-
-
-def target_of(target: str) -> str:
-    """The stored target: ``kind:id`` (``any:id`` when the kind was not said)."""
-    if not isinstance(target, str) or not target.strip():
-        raise ValueError(f"feedback: target must be a non-empty id string, got {target!r}")
-    kind, sep, rest = target.partition(":")
-    if sep and kind in _PREFIXES:
-        if not rest:
-            raise ValueError(f"feedback: target {target!r} has no id after its prefix")
-        if kind == sc.TARGET_TRACE and not _is_trace_id(rest):
-            raise ValueError(f"feedback: {target!r} is not a trace id (32 hex digits)")
-        return f"{kind}:{rest.lower() if kind == sc.TARGET_TRACE else rest}"
-    return f"{ANY_TARGET}:{target}"
-
-
-def _is_trace_id(text: str) -> bool:
-    return len(text) == 32 and all(c in "0123456789abcdefABCDEF" for c in text) \
-        and text.strip("0") != ""
-
-
-def _score(value: float | Mapping[str, float]) -> tuple[float, dict[str, float]]:
-    from agl_bridge.scope import finite_number
-
-    def finite(v: Any, where: str) -> float:
-        return finite_number(v, f"feedback: {where}")
-
-    if isinstance(value, Mapping):
-        if not value:
-            raise ValueError("feedback: parts must not be empty")
-        parts = {}
-        for part, v in value.items():
-            if not isinstance(part, str) or not part:
-                raise ValueError(f"feedback: part names must be non-empty strings, got {part!r}")
-            parts[part] = finite(v, f"part {part!r}")
-        return math.fsum(parts.values()), parts
-    return finite(value, "value"), {}
-
-
-def evaluation_attributes(target: str, value: float | Mapping[str, float], *,
-                          name: str | None = None, kind: str = sc.RewardKind.HUMAN,
-                          agent: str | None = None, label: str | None = None,
-                          explanation: str | None = None) -> dict[str, Any]:
-    """The attributes of one evaluation record (checked: bad input raises here, at the call)."""
-    score, parts = _score(value)
-    if kind not in sc.RewardKind.ALL:
-        raise ValueError(f"feedback: kind must be one of {sc.RewardKind.ALL}, got {kind!r}")
-    if name is not None and (not isinstance(name, str) or not name):
-        raise ValueError(f"feedback: name must be a non-empty string, got {name!r}")
-    if agent is not None and (not isinstance(agent, str) or not agent):
-        raise ValueError(f"feedback: agent must be a non-empty string, got {agent!r}")
-    attributes: dict[str, Any] = {
-        sc.GEN_AI_EVALUATION_NAME: name or DEFAULT_NAME,
-        sc.GEN_AI_EVALUATION_SCORE_VALUE: score,
-        sc.EVALUATION_TARGET: target_of(target),
-        sc.REWARD_KIND: kind,
-        sc.REWARD_SCOPE: sc.RewardScope.AGENT if agent else sc.RewardScope.EPISODE,
-    }
-    if agent:
-        attributes[sc.GEN_AI_AGENT_NAME] = agent
-    if label is not None:
-        attributes[sc.GEN_AI_EVALUATION_SCORE_LABEL] = str(label)
-    if explanation is not None and capture_messages():  # free text: the messages level only
-        attributes[sc.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)
-    attributes.update({sc.reward_part_attribute(p): v for p, v in parts.items()})
-    return attributes
 
 
 def feedback(target: str, value: float | Mapping[str, float], *, name: str | None = None,
@@ -167,16 +98,11 @@ def _emit_span(attributes: dict[str, Any]) -> None:
 
 def evaluation_row(attributes: dict[str, Any], *, service_name: str | None = None,
                    time_unix_nano: int | None = None) -> dict[str, Any]:
-    """An evaluation record as a span row of its own (a fresh trace; none of the target's)."""
-    from agl_bridge.otel.rows import build_row
+    """An evaluation record as a span row of its own (``agl_bridge.otel.rows.evaluation_row``,
+    imported on call: the rows module imports pyarrow and the SDK)."""
+    from agl_bridge.otel.rows import evaluation_row as row
 
-    now = time_unix_nano if time_unix_nano is not None else time.time_ns()
-    service = service_name or os.environ.get("OTEL_SERVICE_NAME") or "agl_bridge.feedback"
-    return build_row(trace_id=secrets.token_hex(16), span_id=secrets.token_hex(8),
-                     parent_span_id=None, name=sc.GEN_AI_EVALUATION_RESULT, kind="INTERNAL",
-                     start_time_unix_nano=now, end_time_unix_nano=now, status_code="UNSET",
-                     status_message=None, attributes=attributes,
-                     resource={"service.name": service}, scope_name=sc.INSTRUMENTATION_SCOPE)
+    return row(attributes, service_name=service_name, time_unix_nano=time_unix_nano)
 
 
 def write_rows(directory: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:

@@ -70,9 +70,8 @@ def scope_stamp(scope: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, 
     kept = _STAMPS.get(id(scope))
     if kept is not None and kept[0] is scope:
         return kept
-    plain = _plain_scalars or _load_plain_scalars()
     attributes = {sc.SCOPE_ATTRIBUTES[k]: v for k, v in scope.items()}
-    kept = (scope, attributes, plain(attributes))
+    kept = (scope, attributes, plain_scalars(attributes))
     stamps = _STAMPS
     if len(stamps) >= _KEEP:
         stamps.clear()
@@ -80,17 +79,22 @@ def scope_stamp(scope: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, 
     return kept
 
 
-_plain_scalars: Callable[[Mapping[str, Any]], int | None] | None = None
+_SCALARS = frozenset({str, bool, int, float})
 
 
-def _load_plain_scalars() -> Callable[[Mapping[str, Any]], int | None]:
-    """``attributes.plain_scalars``, imported on first use (it imports the SDK, which
-    ``import agl_bridge`` does not)."""
-    global _plain_scalars
-    from agl_bridge.otel.attributes import plain_scalars
-
-    _plain_scalars = plain_scalars
-    return plain_scalars
+def plain_scalars(attributes: Mapping[str, Any]) -> int | None:
+    """The longest string among ``attributes``' values (0 if none) when every value is a plain
+    ``str``, ``bool``, ``int`` or ``float`` under a non-empty ``str`` key; None otherwise. For
+    ``agl_bridge.otel.attributes.stamp_starting_span``, which checks that length against the
+    span's limit."""
+    longest = 0
+    for key, value in attributes.items():
+        kind = type(value)
+        if kind not in _SCALARS or type(key) is not str or not key:
+            return None
+        if kind is str and len(value) > longest:
+            longest = len(value)
+    return longest
 
 
 def _merged(base: object, scope: Mapping[str, Any]) -> Mapping[str, Any]:

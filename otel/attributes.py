@@ -27,6 +27,8 @@ from typing import Any
 
 from opentelemetry import trace
 
+from agl_bridge.scope import _SCALARS
+
 logger = logging.getLogger(__name__)
 
 try:
@@ -103,9 +105,6 @@ def set_number_lists(span: trace.Span, lists: Mapping[str, list[Any]]) -> None:
         span.set_attribute(key, values)
 
 
-_SCALARS = frozenset({str, bool, int, float})
-
-
 def _plain_scalar(target: BoundedAttributes, key: str, value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS and key and type(key) is str and (
@@ -126,27 +125,14 @@ def attribute_dict(span: Any) -> Mapping[str, Any]:
     return getattr(span, "attributes", None) or {}
 
 
-def plain_scalars(attributes: Mapping[str, Any]) -> int | None:
-    """The longest string among ``attributes``' values (0 if none) when every value is a plain
-    ``str``, ``bool``, ``int`` or ``float`` under a non-empty ``str`` key; None otherwise. For
-    ``stamp_starting_span``, which checks that length against the span's limit."""
-    longest = 0
-    for key, value in attributes.items():
-        kind = type(value)
-        if kind not in _SCALARS or type(key) is not str or not key:
-            return None
-        if kind is str and len(value) > longest:
-            longest = len(value)
-    return longest
-
-
 def stamp_starting_span(span: trace.Span, stamp: Mapping[str, Any], longest: int | None) -> None:
     """Add ``stamp``'s attributes that ``span`` does not hold yet, for a span processor's
     ``on_start``: the SDK calls it before the span is handed to anyone, so no other thread can
-    touch the span and no lock is taken. ``longest`` is ``plain_scalars(stamp)``. When the values
-    are plain scalars within the span's value-length limit, the keys are new and the span has
-    room, the values are exactly what ``set_attributes`` would store, and the whole stamp goes in
-    with one ``dict.update``; anything else takes ``set_scalars`` (locks, limits, checks)."""
+    touch the span and no lock is taken. ``longest`` is ``plain_scalars(stamp)``
+    (``agl_bridge.scope``). When the values are plain scalars within the span's value-length
+    limit, the keys are new and the span has room, the values are exactly what
+    ``set_attributes`` would store, and the whole stamp goes in with one ``dict.update``;
+    anything else takes ``set_scalars`` (locks, limits, checks)."""
     target = getattr(span, "_attributes", None)
     if _FAST and longest is not None and type(target) is BoundedAttributes:
         inner = getattr(target, "_dict", None)

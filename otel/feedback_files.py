@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agl_bridge.feedback import evaluation_attributes, evaluation_row
+from agl_bridge.evaluations import evaluation_attributes
 from agl_bridge.otel.parquet_writer import SpanParquetWriter
+from agl_bridge.otel.rows import evaluation_row
 
 COLUMNS = ("id", "value", "name", "kind", "agent", "label", "explanation", "time")
 MAX_BAD_LISTED = 50

@@ -2,7 +2,8 @@
 
 ``build_row`` is the one place a span becomes a row, so spans captured in-process, received
 over OTLP and imported from collector files land identically. ``event_row`` is the one place
-an OpenTelemetry log record (an event) becomes a row, whichever way it came.
+an OpenTelemetry log record (an event) becomes a row, whichever way it came;
+``evaluation_row`` makes the row of an evaluation record (``agl_bridge.feedback``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import base64
 import datetime as _dt
 import hashlib
 import json
+import os
 import re
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -129,6 +132,19 @@ def span_to_row(span: ReadableSpan) -> dict[str, Any]:
         resource=span.resource.attributes if span.resource else None,
         scope_name=span.instrumentation_scope.name if span.instrumentation_scope else None,
     )
+
+
+def evaluation_row(attributes: dict[str, Any], *, service_name: str | None = None,
+                   time_unix_nano: int | None = None) -> dict[str, Any]:
+    """An evaluation record (``agl_bridge.evaluations.evaluation_attributes``) as a span row of
+    its own (a fresh trace; none of the target's)."""
+    now = time_unix_nano if time_unix_nano is not None else time.time_ns()
+    service = service_name or os.environ.get("OTEL_SERVICE_NAME") or "agl_bridge.feedback"
+    return build_row(trace_id=secrets.token_hex(16), span_id=secrets.token_hex(8),
+                     parent_span_id=None, name=sc.GEN_AI_EVALUATION_RESULT, kind="INTERNAL",
+                     start_time_unix_nano=now, end_time_unix_nano=now, status_code="UNSET",
+                     status_message=None, attributes=attributes,
+                     resource={"service.name": service}, scope_name=sc.INSTRUMENTATION_SCOPE)
 
 
 _DAY_NS = 86_400 * 10**9

@@ -85,8 +85,7 @@ def start(tmp_path):
 @pytest.fixture
 def instrumented():
     """The OpenAI instrumentor on for one test (framework tests override this fixture)."""
-    from agl_bridge.aliases import disable_routing, routing_enabled
-    from agl_bridge.integrations.openai import OpenAIInstrumentor
+    from agl_bridge.integrations.openai import OpenAIInstrumentor, disable_routing, routing_enabled
 
     routed = routing_enabled()
     inst = OpenAIInstrumentor()

@@ -28,7 +28,8 @@ models of it), ``response`` (what the answer puts on the span), ``streams`` (str
 
 ``instrument()`` also turns alias routing on (``routing.py``; ``instrument(routing=False)`` does
 not). ``uninstrument()`` stops tracing only: routing decides which adapter answers and is not
-tracing, so it stays on until ``agl_bridge.aliases.disable_routing()``.
+tracing, so it stays on until ``disable_routing()``. ``enable_routing``, ``disable_routing`` and
+``routing_enabled`` (``routing.py``) are public here.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from agl_bridge import semconv as sc
 from agl_bridge._version import __version__
 
-from . import patch, raw, routing
+from . import patch, raw
 from .probe import ServerProbe
+from .routing import disable_routing, enable_routing, routing_enabled
 from .wrappers import MODES, TOKEN_IDS_ENV, ChatTracing
 
-__all__ = ["MODES", "TOKEN_IDS_ENV", "OpenAIInstrumentor", "RoutingInstrumentor", "ServerProbe"]
+__all__ = ["MODES", "TOKEN_IDS_ENV", "OpenAIInstrumentor", "RoutingInstrumentor", "ServerProbe",
+           "disable_routing", "enable_routing", "routing_enabled"]
 
 
 class OpenAIInstrumentor(BaseInstrumentor):
@@ -75,7 +78,7 @@ class OpenAIInstrumentor(BaseInstrumentor):
         self._tracing = ChatTracing(tracer, mode, kwargs.get("probe") or ServerProbe(),
                                     (Stream, AsyncStream))
         if kwargs.get("routing", True):
-            routing.enable()
+            enable_routing()
         raw.install()
         patch.set_tracing(self._tracing)
 
@@ -104,7 +107,7 @@ class RoutingInstrumentor(BaseInstrumentor):
         return ("openai >= 1.40",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        routing.enable()
+        enable_routing()
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        routing.disable()
+        disable_routing()

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import logging
 from contextvars import ContextVar, Token
-from typing import Any
+from typing import Any, Protocol
 
 from wrapt import wrap_function_wrapper
-
-from .request import Call
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +33,28 @@ _METHOD = f"openai._base_client.BaseClient.{_NAME}"
 _active: ContextVar[Take | None] = ContextVar("agl_bridge_openai_take", default=None)
 
 
+class Asked(Protocol):
+    """What a ``Take`` reads of its call: what was asked for (``request.Call`` is one; this
+    module does not import it, since the call holds its take)."""
+
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def ids(self) -> bool: ...
+    @property
+    def branch(self) -> object: ...
+    @property
+    def injected_ids(self) -> bool: ...
+    @property
+    def injected_logprobs(self) -> bool: ...
+
+
 class Take:
     """What one call's bodies held: prompt ids, choice 0's completion ids and logprobs."""
 
     __slots__ = ("absorbed", "call", "choices", "completion_ids", "logprobs", "prompt_ids")
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Asked) -> None:
         self.call = call
         self.absorbed = 0  # bodies read (a response: 1; a stream: one per chunk so far)
         self.prompt_ids: list[Any] | None = None
@@ -106,7 +120,7 @@ class Take:
         self.absorbed += 1
         _reset(data, choices, call)
 
-    def _absorb_chunk(self, data: dict[str, Any], choices: list[Any], call: Call) -> None:
+    def _absorb_chunk(self, data: dict[str, Any], choices: list[Any], call: Asked) -> None:
         """``absorb`` for one stream chunk, its hot path: a stream has one per token, so this
         reads and resets in one pass over the choices what ``absorb`` reads in several (same
         reads, same resets, same order: nothing changes before the reading succeeded)."""
@@ -141,7 +155,7 @@ class Take:
         _reset(data, choices, call)
 
 
-def _reset(data: dict[str, Any], choices: list[Any], call: Call) -> None:
+def _reset(data: dict[str, Any], choices: list[Any], call: Asked) -> None:
     """Reset in a body what was asked for on the caller's behalf (ids, logprobs), so the SDK
     builds the models the caller would have had; one pass over the choices."""
     ids, logprobs = call.injected_ids, call.injected_logprobs

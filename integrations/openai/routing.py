@@ -7,10 +7,14 @@ does: it runs in its own slot of the shared patch (``patch.py``), inside
 tracing wrapper still records the alias asked for (``agl_bridge.policy.alias``) and the version
 that answered (the response model).
 
-On: ``enable()`` (public as ``agl_bridge.aliases.enable_routing``); the OpenAI instrumentor
-calls it when it instruments (unless ``instrument(routing=False)``), so the zero-code path and
-``opentelemetry-instrument`` turn it on. Off: ``disable()`` only; uninstrumenting tracing leaves
-it as it is. With ``AGL_BRIDGE_ALIASES`` unset it sends every request as it is.
+On: ``enable_routing()`` (also ``agl_bridge.integrations.openai.enable_routing``); the OpenAI
+instrumentor calls it when it instruments (unless ``instrument(routing=False)``), so the
+zero-code path and ``opentelemetry-instrument`` turn it on. Off: ``disable_routing()`` only;
+uninstrumenting tracing leaves it as it is. With ``AGL_BRIDGE_ALIASES`` unset it sends every
+request as it is.
+
+These three live here, not in ``agl_bridge.aliases``: the alias table is what routing reads, so
+the table's module must not import routing back (docs/layout.md, dependency direction).
 """
 
 from __future__ import annotations
@@ -35,14 +39,21 @@ def route(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     return {**kwargs, "model": live}, model
 
 
-def enable() -> None:
-    """Route every ``chat.completions.create`` of this process through the alias table."""
+def enable_routing() -> None:
+    """Send every OpenAI ``chat.completions.create`` of this process to the live version of the
+    alias it asks for, whether or not it is traced (imports openai).
+
+    ``OpenAIInstrumentor().instrument()`` (and so ``AGL_BRIDGE_AUTO`` and
+    ``opentelemetry-instrument``) calls this unless given ``routing=False``.
+    """
     patch.set_router(route)
 
 
-def disable() -> None:
+def disable_routing() -> None:
+    """Send model names as agents write them. Tracing, if on, stays on."""
     patch.set_router(None)
 
 
-def enabled() -> bool:
+def routing_enabled() -> bool:
+    """Whether ``enable_routing`` is in force (never imports openai to find out)."""
     return patch.router() is route

@@ -148,7 +148,8 @@ def test_scope_stamp_on_a_full_span_keeps_the_sdks_limit():
     attribute-count limit gets what set_attributes would leave (oldest dropped, counted)."""
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
-    from agl_bridge.otel.attributes import plain_scalars, stamp_starting_span
+    from agl_bridge.otel.attributes import stamp_starting_span
+    from agl_bridge.scope import plain_scalars
 
     tracer = TracerProvider(span_limits=SpanLimits(max_span_attributes=3)).get_tracer("t")
     stamp = {sc.EPISODE_ID: "e", sc.GEN_AI_AGENT_NAME: "a"}

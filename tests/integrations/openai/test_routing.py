@@ -28,7 +28,7 @@ def table(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def routing_off_afterwards():
     """Routing is process-wide; each test starts and ends with it off."""
-    from agl_bridge.aliases import disable_routing
+    from agl_bridge.integrations.openai import disable_routing
 
     disable_routing()
     yield
@@ -72,7 +72,7 @@ def test_routing_outlives_the_instrumentor(table, spans):
 
 
 def test_routing_on_its_own_and_off_again(table, spans):
-    from agl_bridge.aliases import disable_routing, enable_routing, routing_enabled
+    from agl_bridge.integrations.openai import disable_routing, enable_routing, routing_enabled
 
     enable_routing()
     assert routing_enabled()
@@ -94,7 +94,7 @@ def test_routing_on_its_own_and_off_again(table, spans):
 @pytest.mark.parametrize("routing_first", [True, False])
 def test_the_span_records_the_alias_and_the_version_that_answered(
         routing_first, table, spans):
-    from agl_bridge.aliases import enable_routing
+    from agl_bridge.integrations.openai import enable_routing
 
     inst = OpenAIInstrumentor()
     if routing_first:
@@ -145,8 +145,7 @@ def test_a_failing_router_never_fails_the_call(table, spans, caplog):
 
 
 def test_the_routing_instrumentor_routes_without_tracing(table, spans):
-    from agl_bridge.aliases import routing_enabled
-    from agl_bridge.integrations.openai import RoutingInstrumentor
+    from agl_bridge.integrations.openai import RoutingInstrumentor, routing_enabled
 
     inst = RoutingInstrumentor()
     inst.instrument()
