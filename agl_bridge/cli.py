@@ -44,22 +44,13 @@ def _port(text: str) -> int:
     return value
 
 
-def _settings_args(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--config`` and ``--print-config``, the same for every command with settings."""
-    parser.add_argument("--config", metavar="FILE.toml|FILE.json",
-                        help=f"a file of {what} (the names of the flags; flags win over it)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the settings this run would use, each with where its "
-                             "value came from (default, file, flag), and exit")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser; its flags are made from the settings' declarations (``agl_bridge.settings``)
     and nothing heavy is imported: no torch, no pyarrow, not the demo."""
     from agl_bridge.trainer.conversion.config import ConvertConfig
     from agl_bridge.trainer.judging.config import JudgeConfig
     from agl_bridge.trainer.loop.config import LoopConfig
-    from agl_bridge.trainer.loop.demo_config import DEMO_OVERRIDES, DEMO_SETTINGS, DemoConfig
+    from agl_bridge.trainer.loop.demo_config import add_demo_flags
     from agl_bridge.trainer.training.config import GRPOConfig
 
     ap = argparse.ArgumentParser(prog="agl-bridge",
@@ -75,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "The stages' settings are tables of the file ([train], "
                                     "[convert], [judge], [gate], [watch]) and dotted flags "
                                     "(--train.learning-rate).")
-    _settings_args(lp, "loop settings")
+    settings.add_file_flags(lp, "loop settings")
     lp.add_argument("--fresh", action="store_true", help="discard an earlier run in workdir")
     settings.add_flags(lp, LoopConfig)
     lp.set_defaults(func=commands.loop)
@@ -105,17 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "own values for its small model as defaults, plus the "
                                    "demo's own. --model: smollm2 or tiny (built locally) or a "
                                    "model directory.")
-    _settings_args(d, "demo and loop settings")
-    d.add_argument("--fresh", action="store_true", help="discard an earlier run in --workdir")
-    settings.add_flags(d, DemoConfig)
-    settings.add_flags(d, LoopConfig, only=DEMO_SETTINGS, defaults=settings.paths_values(
-        DEMO_OVERRIDES))
+    add_demo_flags(d)
     d.set_defaults(func=commands.demo)
 
     c = sub.add_parser("convert", help="span Parquet -> transitions Parquet")
     c.add_argument("spans", help="a span Parquet file or a directory of them")
     c.add_argument("out", help="transitions Parquet file to write")
-    _settings_args(c, "conversion settings")
+    settings.add_file_flags(c, "conversion settings")
     settings.add_flags(c, ConvertConfig)
     c.add_argument("--workers", type=_positive_int, default=1,
                    help="processes converting in parallel, each its part of the tasks; OUT "
@@ -142,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--init-adapter", help="continue the shared adapter from this version")
     t.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --output-dir")
-    _settings_args(t, "conversion and training settings, one table")
+    settings.add_file_flags(t, "conversion and training settings, one table")
     settings.add_flags(t, ConvertConfig)
     settings.add_flags(t, GRPOConfig)
     t.set_defaults(func=commands.train)
@@ -236,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "problems (all named). --rubric, --base-url and --model "
                                    "are needed (flags or file). See docs/judges.md.")
     j.add_argument("spans", metavar="SPANS_DIR", help="a span Parquet directory")
-    _settings_args(j, "judge settings")
+    settings.add_file_flags(j, "judge settings")
     settings.add_flags(j, JudgeConfig)
     j.add_argument("--quiet", action="store_true", help="no progress bar")
     j.set_defaults(func=commands.judge)

@@ -15,16 +15,9 @@ import threading
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agl_bridge.settings import file_layer
+
 T = TypeVar("T")
-
-
-def file_settings(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """The ``--config`` file's settings, read once (``settings.read_file``), and its label."""
-    from agl_bridge.settings import read_file
-
-    if not getattr(args, "config", None):
-        return "file", {}
-    return f"file {args.config}", read_file(args.config)
 
 
 def resolved(cls: type[T], args: argparse.Namespace, *, overrides: dict[str, Any] | None = None,
@@ -54,7 +47,7 @@ def show(*parts: tuple[Any, dict[str, str]]) -> int:
 def loop(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.loop.config import LoopConfig
 
-    label, values = file_settings(args)
+    label, values = file_layer(args)
     cfg, origin = resolved(LoopConfig, args, file_values=values, file_label=label)
     if args.print_config:
         return show((cfg, origin))
@@ -85,7 +78,7 @@ def replay(args: argparse.Namespace) -> int:
 def demo(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.loop.demo_config import demo_settings
 
-    label, values = file_settings(args)
+    label, values = file_layer(args)
     demo_cfg, cfg, origin = demo_settings(args, values, label)
     if args.print_config:
         return show((demo_cfg, origin["demo"]), (cfg, origin["loop"]))
@@ -98,7 +91,7 @@ def demo(args: argparse.Namespace) -> int:
 def convert(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.conversion.config import ConvertConfig
 
-    label, values = file_settings(args)
+    label, values = file_layer(args)
     config, origin = resolved(ConvertConfig, args, file_values=values, file_label=label)
     if args.print_config:
         return show((config, origin))
@@ -141,7 +134,7 @@ def train(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.conversion.config import ConvertConfig
     from agl_bridge.trainer.training.config import GRPOConfig
 
-    label, values = file_settings(args)
+    label, values = file_layer(args)
     names = {c: {f.name for f in dataclasses.fields(c)} for c in (ConvertConfig, GRPOConfig)}
     unknown = sorted(set(values) - names[ConvertConfig] - names[GRPOConfig])
     if unknown:
@@ -384,7 +377,7 @@ def judge(args: argparse.Namespace) -> int:
     from agl_bridge.settings import SettingError, values
     from agl_bridge.trainer.judging.config import JudgeConfig
 
-    label, file_values = file_settings(args)
+    label, file_values = file_layer(args)
     config, origin = resolved(JudgeConfig, args, file_values=file_values, file_label=label)
     if args.print_config:
         return show((config, origin))

@@ -351,6 +351,22 @@ def _pair(text: str) -> tuple[str, float]:
     return name, value
 
 
+def add_file_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--config`` and ``--print-config``, the same for every command with settings."""
+    parser.add_argument("--config", metavar="FILE.toml|FILE.json",
+                        help=f"a file of {what} (the names of the flags; flags win over it)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the settings this run would use, each with where its "
+                             "value came from (default, file, flag), and exit")
+
+
+def file_layer(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The ``--config`` file's settings, read once, and its label (``file PATH``)."""
+    if not getattr(args, "config", None):
+        return "file", {}
+    return f"file {args.config}", read_file(args.config)
+
+
 def given_flags(args: argparse.Namespace, cls: type, prefix: str = "") -> dict[str, Any]:
     """The settings of ``cls`` given as flags, as nested plain values."""
     out: dict[str, Any] = {}

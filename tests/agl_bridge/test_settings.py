@@ -146,13 +146,13 @@ def test_files_that_are_not_settings_are_refused_by_name(tmp_path):
         with pytest.raises(SettingError, match=str(tmp_path / name)):
             read_file(tmp_path / name)
     (tmp_path / "d.toml").write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(SettingError, match="d.toml: not text"):
+    with pytest.raises(SettingError, match=r"d\.toml: not text"):
         read_file(tmp_path / "d.toml")
     with pytest.raises(SettingError, match="cannot read it"):
         read_file(tmp_path / "absent.toml")
     link = tmp_path / "dir.toml"
     link.mkdir()
-    with pytest.raises(SettingError, match="dir.toml: cannot read it"):
+    with pytest.raises(SettingError, match=r"dir\.toml: cannot read it"):
         read_file(link)
 
 
@@ -161,10 +161,10 @@ def test_where_each_value_came_from_is_shown():
                                               ("file loop.toml", {"train": {"lora_r": 4}}),
                                               ("flag", {"rounds": 5})])
     text = describe(cfg, origin)
-    assert [ln for ln in text.splitlines() if ln.startswith("rounds ")][0].endswith("# flag")
-    assert [ln for ln in text.splitlines() if ln.startswith("lora_r ")][0].endswith(
+    assert next(ln for ln in text.splitlines() if ln.startswith("rounds ")).endswith("# flag")
+    assert next(ln for ln in text.splitlines() if ln.startswith("lora_r ")).endswith(
         "# file loop.toml")
-    assert [ln for ln in text.splitlines() if ln.startswith("learning_rate ")][0].endswith(
+    assert next(ln for ln in text.splitlines() if ln.startswith("learning_rate ")).endswith(
         "# default")
     assert "[train]" in text and "[convert]" in text and cfg.rounds == 5
 

@@ -179,13 +179,17 @@ def model_directory(model: str, work: Path, seed: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``agl-bridge demo`` from Python: the same flags, returns the loop's state data."""
-    from agl_bridge.cli import build_parser
-    from agl_bridge.commands import file_settings
-    from agl_bridge.trainer.loop.demo_config import demo_settings
+    """``agl-bridge demo`` from Python: the same flags; returns the loop's state data."""
+    import argparse
 
-    args = build_parser().parse_args(["demo", *(argv or [])])
-    demo, cfg, _ = demo_settings(args, *reversed(file_settings(args)))
+    from agl_bridge.settings import file_layer
+    from agl_bridge.trainer.loop.demo_config import add_demo_flags, demo_settings
+
+    parser = argparse.ArgumentParser(prog="agl-bridge demo")
+    add_demo_flags(parser)
+    args = parser.parse_args(argv)
+    label, values = file_layer(args)
+    demo, cfg, _ = demo_settings(args, values, label)
     return run(demo, cfg, fresh=args.fresh)
 
 

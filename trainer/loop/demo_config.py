@@ -77,6 +77,20 @@ DEMO_OVERRIDES: dict[str, Any] = {
 }
 
 
+def add_demo_flags(parser: Any) -> None:
+    """The demo's flags: its file, ``--fresh``, its own settings and the loop's it exposes
+    (with the demo's values as their defaults)."""
+    from agl_bridge import settings
+    from agl_bridge.trainer.loop.config import LoopConfig
+
+    settings.add_file_flags(parser, "demo and loop settings")
+    parser.add_argument("--fresh", action="store_true", help="discard an earlier run in "
+                                                             "--workdir")
+    settings.add_flags(parser, DemoConfig)
+    settings.add_flags(parser, LoopConfig, only=DEMO_SETTINGS,
+                       defaults=settings.paths_values(DEMO_OVERRIDES))
+
+
 def derived_overrides(demo: DemoConfig, loop: Any) -> dict[str, Any]:
     """The demo's values that follow from other settings (shown as ``demo`` too): the watch
     waits for a round's worth of episodes; production compares live requests across the batch
