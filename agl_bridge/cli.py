@@ -16,7 +16,7 @@
     agl-bridge replay SPANS --team CMD --out DIR    stored episodes' inputs played K times again
     agl-bridge aliases-serve --registry DIR         the alias table over HTTP, for other hosts
 
-Commands with settings (demo, loop, convert, train, judge) take them as flags and as a file
+Commands with settings (demo, loop, convert, train, judge, serve) take them as flags and as a file
 (``--config``) with the same names, and show the values a run would use (``--print-config``).
 
 Training imports torch only when ``train`` runs, so the capture install can use ``convert``.
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agl_bridge.trainer.judging.config import JudgeConfig
     from agl_bridge.trainer.loop.config import LoopConfig
     from agl_bridge.trainer.loop.demo_config import add_demo_flags
+    from agl_bridge.trainer.serving.config import ServeConfig
     from agl_bridge.trainer.training.config import GRPOConfig
 
     ap = argparse.ArgumentParser(prog="agl-bridge",
@@ -135,12 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=commands.train)
 
     def registry_args(parser):
-        parser.add_argument("--registry", default="agl_bridge_registry",
-                            help="alias table, history and recorded servers")
+        settings.add_flags(parser, ServeConfig, only=("registry", "max_lora_rank"))
         parser.add_argument("--server", action="append",
                             help="a vLLM base URL (repeat for replicas); default: recorded")
         parser.add_argument("--base-model", help="refuse adapters that do not fit this base")
-        parser.add_argument("--max-lora-rank", type=int, help="the servers' --max-lora-rank")
 
     p = sub.add_parser("publish", help="validate, load and probe an adapter version, then make "
                                        "it live behind an alias")
@@ -157,18 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("serve", help="start vLLM with runtime LoRA loading, one or more replicas")
     v.add_argument("--model", required=True, help="a local model directory")
-    v.add_argument("--served-model-name", default="base")
-    v.add_argument("--replicas", type=int, default=1)
-    v.add_argument("--port", type=int, help="first port (default: free ports)")
-    v.add_argument("--max-model-len", type=int, default=1024)
-    v.add_argument("--max-lora-rank", type=int, default=16)
-    v.add_argument("--max-loras", type=int, default=4)
-    v.add_argument("--registry", default="agl_bridge_registry")
+    v.add_argument("--served-model-name", default="base",
+                   help="the name the base model is served under (default: base)")
+    v.add_argument("--replicas", type=_positive_int, default=1, help="servers (default 1)")
+    v.add_argument("--port", type=_port, help="first port (default: free ports)")
+    settings.add_file_flags(v, "serving settings")
+    settings.add_flags(v, ServeConfig)
     v.set_defaults(func=commands.serve)
 
     s = sub.add_parser("aliases-serve", help="serve the registry's alias table over HTTP, for "
                                              "agents on hosts that do not share its filesystem")
-    s.add_argument("--registry", default="agl_bridge_registry")
+    settings.add_flags(s, ServeConfig, only=("registry",))
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (0.0.0.0: every interface; read-only)")
     s.add_argument("--port", type=int, default=8765)

@@ -171,21 +171,27 @@ def train(args: argparse.Namespace) -> int:
 
 
 def registry_settings(args: argparse.Namespace) -> dict:
-    """Servers, base model and rank limit: flags, else what ``agl-bridge serve`` recorded."""
+    """Registry, servers, base model and rank limit: flags, else what ``agl-bridge serve``
+    recorded in the registry."""
     import json
-    from pathlib import Path
 
+    from agl_bridge.settings import given_flags
+    from agl_bridge.trainer.serving.config import ServeConfig
+
+    serve = ServeConfig(**given_flags(args, ServeConfig))
+    registry = serve.registry_dir
     recorded = {}
-    config = Path(args.registry) / "servers.json"
+    config = Path(registry) / "servers.json"
     if config.exists():
         recorded = json.loads(config.read_text())
     servers = args.server or recorded.get("servers")
     if not servers:
         raise ValueError(f"no servers: pass --server URL or start them with agl-bridge serve "
-                         f"--registry {args.registry}")
-    return {"servers": servers,
+                         f"--registry {registry}")
+    given = getattr(args, "max_lora_rank", None)  # absent unless given
+    return {"registry": registry, "servers": servers,
             "base_model": args.base_model or recorded.get("base_model"),
-            "max_lora_rank": args.max_lora_rank or recorded.get("max_lora_rank")}
+            "max_lora_rank": given or recorded.get("max_lora_rank") or serve.max_lora_rank}
 
 
 def publish(args: argparse.Namespace) -> int:
@@ -198,7 +204,7 @@ def publish(args: argparse.Namespace) -> int:
             name = publish_adapter(server, args.adapter_dir)
         print(f"published {args.adapter_dir} as {name}")
         return 0
-    publisher = Publisher(registry=args.registry, **registry_settings(args))
+    publisher = Publisher(**registry_settings(args))
     name = publisher.publish(args.adapter_dir, alias=args.alias)
     live = publisher.live(args.alias)
     if live == name:
@@ -212,18 +218,21 @@ def publish(args: argparse.Namespace) -> int:
 def rollback(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.serving.publisher import Publisher
 
-    publisher = Publisher(registry=args.registry, **registry_settings(args))
+    publisher = Publisher(**registry_settings(args))
     name = publisher.rollback(args.alias, args.version)
     print(f"alias {args.alias} -> {name}")
     return 0
 
 
 def aliases_serve(args: argparse.Namespace) -> int:
+    from agl_bridge.settings import given_flags
     from agl_bridge.trainer.serving.alias_server import AliasServer
+    from agl_bridge.trainer.serving.config import ServeConfig
     from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
-    server = AliasServer(args.registry, args.host, args.port)
-    print(f"alias table {Path(args.registry).resolve() / ALIASES_FILE} at {server.url}: "
+    registry = ServeConfig(**given_flags(args, ServeConfig)).registry_dir
+    server = AliasServer(registry, args.host, args.port)
+    print(f"alias table {Path(registry).resolve() / ALIASES_FILE} at {server.url}: "
           f"agents set AGL_BRIDGE_ALIASES={server.url}; Ctrl-C stops", flush=True)
     signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
@@ -237,30 +246,35 @@ def aliases_serve(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     import json
-    import signal
-    from pathlib import Path
 
+    from agl_bridge.trainer.serving.config import ServeConfig
     from agl_bridge.trainer.serving.registry import ALIASES_FILE
+
+    label, values = file_layer(args)
+    cfg, origin = resolved(ServeConfig, args, file_values=values, file_label=label)
+    if args.print_config:
+        return show((cfg, origin))
     from agl_bridge.trainer.serving.vllm_server import VLLMServer, cpu_share
 
+    registry = Path(cfg.registry_dir)
     servers = []
     try:
         for i in range(args.replicas):
             server = VLLMServer(args.model, served_model_name=args.served_model_name,
                                 port=(args.port + i) if args.port else None,
-                                max_model_len=args.max_model_len, max_lora_rank=args.max_lora_rank,
-                                max_loras=args.max_loras,
-                                log_path=Path(args.registry) / f"vllm-{i}.log",
+                                max_model_len=cfg.max_model_len, max_lora_rank=cfg.max_lora_rank,
+                                max_loras=cfg.max_loras, kv_cache_gib=cfg.kv_cache_gib,
+                                log_path=registry / f"vllm-{i}.log",
                                 cpu_cores=cpu_share(i, args.replicas) if args.replicas > 1
                                 else None)
-            Path(args.registry).mkdir(parents=True, exist_ok=True)
+            registry.mkdir(parents=True, exist_ok=True)
             servers.append(server.start())
             print(f"replica {i}: {server.base_url} (model {args.served_model_name})", flush=True)
-        (Path(args.registry) / "servers.json").write_text(json.dumps({
+        (registry / "servers.json").write_text(json.dumps({
             "servers": [s.base_url for s in servers], "base_model": str(Path(args.model).resolve()),
-            "max_lora_rank": args.max_lora_rank}, indent=2))
-        print(f"registry {args.registry}: agents set AGL_BRIDGE_ALIASES="
-              f"{Path(args.registry).resolve() / ALIASES_FILE}; Ctrl-C stops", flush=True)
+            "max_lora_rank": cfg.max_lora_rank}, indent=2))
+        print(f"registry {registry}: agents set AGL_BRIDGE_ALIASES="
+              f"{registry.resolve() / ALIASES_FILE}; Ctrl-C stops", flush=True)
         signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
         signal.pause()
     except KeyboardInterrupt:

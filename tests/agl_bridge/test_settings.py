@@ -17,13 +17,12 @@ from agl_bridge.cli import build_parser
 from agl_bridge.settings import SettingError, build, declared, describe, read_file, resolve
 from agl_bridge.trainer.conversion.config import ConvertConfig
 from agl_bridge.trainer.judging.config import JudgeConfig
-from agl_bridge.trainer.loop.config import GateConfig, LoopConfig, WatchConfig
+from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.demo_config import DEMO_OVERRIDES, DEMO_SETTINGS, DemoConfig
+from agl_bridge.trainer.serving.config import ServeConfig
 from agl_bridge.trainer.training.config import GRPOConfig
 
-STAGES = (ConvertConfig, GRPOConfig, JudgeConfig, LoopConfig, GateConfig, WatchConfig,
-          DemoConfig)
-COMMANDS = ("convert", "train", "judge", "loop", "demo")
+COMMANDS = ("convert", "train", "judge", "loop", "demo", "serve")
 
 
 def declarations(cls: type, prefix: str = "") -> dict[str, tuple[type, dataclasses.Field]]:
@@ -47,7 +46,8 @@ def test_every_setting_flag_of_every_command_is_its_one_declaration():
     own values where it declares them) in every command; every declared setting has its flag;
     no command has two declarations behind one name."""
     owners = {"convert": [ConvertConfig], "train": [ConvertConfig, GRPOConfig],
-              "judge": [JudgeConfig], "loop": [LoopConfig], "demo": [DemoConfig, LoopConfig]}
+              "judge": [JudgeConfig], "loop": [LoopConfig], "demo": [DemoConfig, LoopConfig],
+              "serve": [ServeConfig]}
     reached: dict[tuple[type, str], set[str]] = {}  # declaration -> the flags that set it
     overridden = settings.paths_values(DEMO_OVERRIDES)
     for command in COMMANDS:
@@ -82,6 +82,13 @@ def test_every_setting_flag_of_every_command_is_its_one_declaration():
     assert reached[(GRPOConfig, "learning_rate")] == {
         "train --learning-rate", "loop --train.learning-rate", "demo --train.learning-rate"}
     assert reached[(JudgeConfig, "model")] == {"judge --model", "loop --judge.model"}
+    assert reached[(ServeConfig, "max_lora_rank")] == {"serve --max-lora-rank",
+                                                       "loop --serve.max-lora-rank"}
+    # publish, rollback and aliases-serve take the registry (and the rank) from the same one
+    for command in ("publish", "rollback", "aliases-serve"):
+        action = command_flags(command)["registry"]
+        assert action.help.startswith(ServeConfig.__dataclass_fields__["registry"].metadata[
+            settings.HELP])
 
 
 def test_names_are_unique_where_they_share_a_door():
@@ -112,6 +119,13 @@ def test_python_keywords_are_the_declared_settings_with_their_defaults():
                       "max_episode_chars", "max_episodes", "extra_body", "tokenizer"}
     for name in shared - {"rubric", "base_url", "model"}:  # those three are required there
         assert keywords[name].default == declared_defaults[name], name
+    from agl_bridge.trainer.serving.vllm_server import VLLMServer
+
+    keywords = inspect.signature(VLLMServer).parameters
+    for f, _ in declared(ServeConfig):
+        if f.name in keywords:
+            assert keywords[f.name].default == settings.default_of(f), f.name
+    assert {f.name for f, _ in declared(ServeConfig)} - set(keywords) == {"registry"}
 
 
 def test_what_a_run_records_reads_back_as_the_same_configuration():

@@ -2,9 +2,10 @@
 
 The loop's own settings (where episodes come from, the held-out evaluation, the budget) are
 declared here; the stages it drives keep theirs and are nested as tables: ``[convert]``
-(``ConvertConfig``), ``[train]`` (``GRPOConfig``), ``[judge]`` (``JudgeConfig``), ``[gate]``
-and ``[watch]``. The same names are the keys of ``--config loop.toml``, the flags
-(``--train.learning-rate``: a table's settings are dotted) and the keywords of the dataclasses.
+(``ConvertConfig``), ``[train]`` (``GRPOConfig``), ``[judge]`` (``JudgeConfig``), ``[serve]``
+(``ServeConfig``), ``[gate]`` and ``[watch]``. The same names are the keys of ``--config
+loop.toml``, the flags (``--train.learning-rate``: a table's settings are dotted) and the
+keywords of the dataclasses.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agl_bridge.settings import check_choices, setting, values
 from agl_bridge.trainer.conversion.config import ConvertConfig
 from agl_bridge.trainer.judging.config import JudgeConfig
 from agl_bridge.trainer.loop.gate import GateRule
+from agl_bridge.trainer.serving.config import ServeConfig
 from agl_bridge.trainer.training.config import GRPOConfig
 
 
@@ -59,12 +61,8 @@ class LoopConfig:
     model: str = setting("", help="a local model directory (required)")
     server: str | None = setting(
         None, help="an OpenAI-compatible vLLM base URL to use (unset: the loop starts one)")
-    registry: str | None = setting(
-        None, help="the alias table's directory (with server; unset: WORKDIR/registry)")
     agents: list[str] = setting(help="the aliases the team's agents ask for (one adapter each)",
                                 default_factory=list)
-    max_model_len: int = setting(1024, help="the started vLLM's context length")
-    max_lora_rank: int = setting(16, help="the servers' --max-lora-rank")
     # -- where episodes come from: the loop runs the team, or a service writes traces ----------
     team: str | None = setting(None, help="the team command (see trainer/loop/team.py)")
     tasks: str | None = setting(
@@ -103,6 +101,7 @@ class LoopConfig:
     train: GRPOConfig = setting(help="training", default_factory=GRPOConfig)
     judge: JudgeConfig = setting(help="the LLM judge (live traces)",
                                  default_factory=JudgeConfig)
+    serve: ServeConfig = setting(help="serving", default_factory=ServeConfig)
     gate: GateConfig = setting(help="the gate", default_factory=GateConfig)
     watch: WatchConfig = setting(help="the watch", default_factory=WatchConfig)
 

@@ -246,10 +246,10 @@ def run_production(demo: DemoConfig, record: dict[str, Any], cfg: LoopConfig, ta
     registry, traces = work / "registry", work / "traces"
     shutil.rmtree(registry, ignore_errors=True)  # a fresh server: the loop publishes again
     log(f"starting vLLM on {model_dir.name} (log: {work / 'vllm.log'})")
-    # 2048: room for the judge's prompt (rubric ~250 tokens, an episode cut to fit, 400 out)
-    server = VLLMServer(model_dir, served_model_name="base", max_model_len=2048, max_loras=4,
-                        max_lora_rank=cfg.max_lora_rank, kv_cache_gib=2,
-                        log_path=work / "vllm.log",
+    serve = cfg.serve
+    server = VLLMServer(model_dir, served_model_name="base", max_model_len=serve.max_model_len,
+                        max_loras=serve.max_loras, max_lora_rank=serve.max_lora_rank,
+                        kv_cache_gib=serve.kv_cache_gib, log_path=work / "vllm.log",
                         extra_args=["--gpu-memory-utilization", "0.35"] if has_cuda() else []
                         ).start()
     procs: list[subprocess.Popen] = []
@@ -285,7 +285,8 @@ def run_production(demo: DemoConfig, record: dict[str, Any], cfg: LoopConfig, ta
         # has its feedback, so the judge scores only the episodes that got none
         eval_team = f"python -m {TEAMS[task]} --reward {task}"
         cfg = dataclasses.replace(
-            cfg, server=server.base_url, registry=str(registry), traces=str(traces),
+            cfg, server=server.base_url, traces=str(traces),
+            serve=dataclasses.replace(serve, registry=str(registry)),
             team=None, eval_team=eval_team, judge=judge,
             replay_field=sc.DEMO_QUESTION if cfg.replay_k else None)
         callbacks: list[LoopCallback] = [EpisodeStats()]

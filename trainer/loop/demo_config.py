@@ -101,6 +101,8 @@ def derived_overrides(demo: DemoConfig, loop: Any) -> dict[str, Any]:
         loop.tasks_per_round * loop.rollouts}}
     if demo.production:
         out["max_wait_s"] = 180.0
+        # room for the judge's prompt (rubric ~250 tokens, an episode cut to fit, 400 out)
+        out["serve"] = {"max_model_len": 2048}
         out["convert"] = {"baseline": "group,batch" if loop.replay_k else "batch"}
         out["judge"] = {"max_episodes": 32, **judge_fit(loop.model)}
     return out

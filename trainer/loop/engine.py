@@ -126,7 +126,7 @@ class Loop:
         self.data.setdefault("events", [])  # publishes, refusals, rollbacks, with reasons
         self.data.setdefault("consumed", [])  # live: span files already trained on
         self.data.setdefault("next_task", 0)
-        self.registry = Path(cfg.registry) if cfg.registry else self.work / "registry"
+        self.registry = Path(cfg.serve.registry or self.work / "registry")
         self.server: Any = None
         self.base_url = cfg.server or ""
 
@@ -187,16 +187,17 @@ class Loop:
             shutil.rmtree(self.registry, ignore_errors=True)  # it lives as long as the server
             log(f"starting vLLM on {Path(self.cfg.model).name} (log: {self.work / 'vllm.log'})")
             with self.state.timed("start vLLM"):
+                serve = self.cfg.serve
                 self.server = VLLMServer(
-                    self.cfg.model, served_model_name=BASE, max_model_len=self.cfg.max_model_len,
-                    max_loras=4, max_lora_rank=self.cfg.max_lora_rank, kv_cache_gib=2,
-                    log_path=self.work / "vllm.log",
+                    self.cfg.model, served_model_name=BASE, max_model_len=serve.max_model_len,
+                    max_loras=serve.max_loras, max_lora_rank=serve.max_lora_rank,
+                    kv_cache_gib=serve.kv_cache_gib, log_path=self.work / "vllm.log",
                     extra_args=["--gpu-memory-utilization", "0.35"] if has_cuda() else []
                 ).start()
             self.base_url = self.server.base_url
         try:
             self.publisher = Publisher([self.base_url], self.registry, base_model=self.cfg.model,
-                                       max_lora_rank=self.cfg.max_lora_rank, drain_s=2.0)
+                                       max_lora_rank=self.cfg.serve.max_lora_rank, drain_s=2.0)
             table = AliasTable(self.registry / ALIASES_FILE)
             if self.server is not None or not table.path.exists():
                 table.write({a: BASE for a in self.cfg.agents})
@@ -490,7 +491,8 @@ class Loop:
         for alias, directory in adapters.items():
             if alias not in candidate:
                 continue  # an agent the loop was not told about: not served under an alias
-            validate_adapter(directory, base_model=cfg.model, max_lora_rank=cfg.max_lora_rank)
+            validate_adapter(directory, base_model=cfg.model,
+                             max_lora_rank=cfg.serve.max_lora_rank)
             candidate[alias] = served_name(directory, alias)
             load_and_probe([self.base_url], candidate[alias], Path(directory))
         record["candidate"] = candidate

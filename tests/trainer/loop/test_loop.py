@@ -42,7 +42,7 @@ def setup(tmp_path, tiny, server, **settings):
     write_tasks(tmp_path / "eval.jsonl", [{"task_id": f"e{i}", "number": 100 + i}
                                           for i in range(6)])
     values = dict(workdir=str(tmp_path / "loop"), model=str(tiny), server=server.base_url,
-                  registry=str(tmp_path / "registry"), agents=["solver"], team=TEAM,
+                  serve={"registry": str(tmp_path / "registry")}, agents=["solver"], team=TEAM,
                   tasks=str(tmp_path / "train.jsonl"), tasks_per_round=4, rollouts=2,
                   eval_tasks=str(tmp_path / "eval.jsonl"), rounds=2, minutes=30,
                   train={"learning_rate": 1e-2, "per_device_train_batch_size": 4, "lora_r": 4,
