@@ -78,15 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      "messages) or a named field of each stored episode, K "
                                      "times: the K episodes share a task id, one group.")
     rp_.add_argument("spans", help="span Parquet of the stored episodes")
-    rp_.add_argument("--team", required=True, help="the team command (its own program, "
-                                                   "configured by environment)")
     rp_.add_argument("--out", required=True, help="directory for the replayed episodes")
     rp_.add_argument("--base-url", required=True, help="the serving vLLM (OPENAI_BASE_URL)")
     rp_.add_argument("--aliases", help="the alias table the agents resolve (live versions)")
-    rp_.add_argument("-k", type=_positive_int, default=4, help="episodes per input (default 4)")
-    rp_.add_argument("--temperature", type=float, default=1.0)
-    rp_.add_argument("--field", help="also give the team this span column or attribute")
-    rp_.add_argument("--max-inputs", type=_positive_int, help="replay at most this many")
+    rp_.add_argument("--max-inputs", type=_positive_int, help="replay the first N at most")
+    settings.add_flags(rp_, LoopConfig, only=commands.REPLAY_SETTINGS,
+                       defaults=commands.REPLAY_OVERRIDES)
     rp_.set_defaults(func=commands.replay)
 
     d = sub.add_parser("demo", help="the main job: an AutoGen team of two agents learns from "

@@ -59,19 +59,30 @@ def loop(args: argparse.Namespace) -> int:
     return 0
 
 
+# ``agl-bridge replay`` is the loop's replay as a batch command: the loop's settings, and its
+# own value for the number of replays (the loop's default, 0, is off)
+REPLAY_SETTINGS = ("team", "temperature", "replay_k", "replay_field")
+REPLAY_OVERRIDES = {"replay_k": 4}
+
+
 def replay(args: argparse.Namespace) -> int:
+    from agl_bridge.settings import SettingError, given_flags
+    from agl_bridge.trainer.loop.config import LoopConfig
     from agl_bridge.trainer.loop.replay import replay
 
-    inputs, run = replay(args.spans, args.team, Path(args.out), base_url=args.base_url,
-                         aliases=Path(args.aliases) if args.aliases else None, k=args.k,
-                         temperature=args.temperature, field_name=args.field,
+    cfg = LoopConfig(**{**REPLAY_OVERRIDES, **given_flags(args, LoopConfig)})
+    if cfg.team is None or cfg.replay_k < 1:
+        raise SettingError("replay needs --team (the team command) and --replay-k of 1 or more")
+    inputs, run = replay(args.spans, cfg.team, Path(args.out), base_url=args.base_url,
+                         aliases=Path(args.aliases) if args.aliases else None, k=cfg.replay_k,
+                         temperature=cfg.temperature, field_name=cfg.replay_field,
                          limit=args.max_inputs)
     for episode in inputs.without_input[:20]:
         print(f"episode {episode}: no captured request messages"
-              + (f" and no {args.field!r}" if args.field else "") + " (not replayed)",
+              + (f" and no {cfg.replay_field!r}" if cfg.replay_field else "") + " (not replayed)",
               file=sys.stderr)
-    print(f"{len(inputs.tasks)} of {inputs.episodes} stored episode(s) replayed x {args.k}"
-          + (f" -> {run.spans}" if run else ""))
+    print(f"{len(inputs.tasks)} of {inputs.episodes} stored episode(s) replayed x "
+          f"{cfg.replay_k}" + (f" -> {run.spans}" if run else ""))
     return 0 if run else 1
 
 

@@ -22,7 +22,7 @@ from agl_bridge.trainer.loop.demo_config import DEMO_OVERRIDES, DEMO_SETTINGS, D
 from agl_bridge.trainer.serving.config import ServeConfig
 from agl_bridge.trainer.training.config import GRPOConfig
 
-COMMANDS = ("convert", "train", "judge", "loop", "demo", "serve")
+COMMANDS = ("convert", "train", "judge", "loop", "demo", "serve", "replay")
 
 
 def declarations(cls: type, prefix: str = "") -> dict[str, tuple[type, dataclasses.Field]]:
@@ -47,9 +47,12 @@ def test_every_setting_flag_of_every_command_is_its_one_declaration():
     no command has two declarations behind one name."""
     owners = {"convert": [ConvertConfig], "train": [ConvertConfig, GRPOConfig],
               "judge": [JudgeConfig], "loop": [LoopConfig], "demo": [DemoConfig, LoopConfig],
-              "serve": [ServeConfig]}
+              "serve": [ServeConfig], "replay": [LoopConfig]}
     reached: dict[tuple[type, str], set[str]] = {}  # declaration -> the flags that set it
+    from agl_bridge.commands import REPLAY_OVERRIDES
+
     overridden = settings.paths_values(DEMO_OVERRIDES)
+    own_values = {"demo": overridden, "replay": REPLAY_OVERRIDES}
     for command in COMMANDS:
         decl: dict[str, tuple[type, dataclasses.Field]] = {}
         for cls in owners[command]:
@@ -62,8 +65,7 @@ def test_every_setting_flag_of_every_command_is_its_one_declaration():
         for dest, action in setting_flags.items():
             cls, f = decl[dest]
             assert action.help.startswith(f.metadata[settings.HELP]), (command, dest)
-            default = overridden.get(dest, settings.default_of(f)) if command == "demo" \
-                else settings.default_of(f)
+            default = own_values.get(command, {}).get(dest, settings.default_of(f))
             if default is not None and not isinstance(default, bool):
                 assert action.help.endswith(f"(default: {settings._flag_text(default)})"), \
                     (command, dest, action.help)
@@ -71,7 +73,7 @@ def test_every_setting_flag_of_every_command_is_its_one_declaration():
             # takes its settings flat: ``judge --model`` is the loop's ``--judge.model``)
             assert action.option_strings[0] == settings.flag_name(dest), (command, dest)
             reached.setdefault((cls, f.name), set()).add(f"{command} {settings.flag_name(dest)}")
-        if command != "demo":  # the demo exposes the loop settings it lets users change
+        if command not in ("demo", "replay"):  # those expose the loop settings they take
             assert set(setting_flags) == set(decl), (command, set(decl) - set(setting_flags))
     # the demo's flags are the loop's own (same help), for the settings it exposes
     demo = command_flags("demo")
@@ -82,6 +84,8 @@ def test_every_setting_flag_of_every_command_is_its_one_declaration():
     assert reached[(GRPOConfig, "learning_rate")] == {
         "train --learning-rate", "loop --train.learning-rate", "demo --train.learning-rate"}
     assert reached[(JudgeConfig, "model")] == {"judge --model", "loop --judge.model"}
+    assert reached[(LoopConfig, "temperature")] == {"loop --temperature", "demo --temperature",
+                                                    "replay --temperature"}
     assert reached[(ServeConfig, "max_lora_rank")] == {"serve --max-lora-rank",
                                                        "loop --serve.max-lora-rank"}
     # publish, rollback and aliases-serve take the registry (and the rank) from the same one

@@ -78,7 +78,8 @@ class LoopConfig:
     min_episodes: int = setting(64, help="live: rewarded episodes a round needs ...")
     max_wait_s: float = setting(600.0, help="... or this many seconds, whichever comes first")
     replay_k: int = setting(
-        0, help="live: play the inputs of new episodes again this many times each (0: off)")
+        0, help="play each input of new episodes again this many times, so that it forms a "
+                "group (live traces; 0: off)")
     replay_inputs: int = setting(8, help="live: inputs replayed per round at most (the "
                                          "newest episodes')")
     replay_team: str | None = setting(

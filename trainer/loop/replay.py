@@ -119,7 +119,7 @@ def read_replay_spans(source: str | Path | Sequence[str | Path],
 
 
 def replay(spans_dir: str | Path, command: str | Sequence[str], out_dir: Path, *,
-           base_url: str, aliases: Path | None, k: int = 4, temperature: float = 1.0,
+           base_url: str, aliases: Path | None, k: int, temperature: float,
            field_name: str | None = None, limit: int | None = None
            ) -> tuple[ReplayInputs, TeamRun | None]:
     """Replay the stored episodes under ``spans_dir`` ``k`` times each with the team command;

@@ -31,7 +31,8 @@ def test_replay_turns_single_episodes_into_groups_of_k(tmp_path, capsys):
         server.requests.clear()
         code = main(["replay", str(tmp_path / "production"), "--team",
                      f"python {AGENTS / 'replay_team.py'}", "--out", str(tmp_path / "replay"),
-                     "--base-url", server.base_url, "-k", "4", "--field", "ticket.priority"])
+                     "--base-url", server.base_url, "--replay-k", "4",
+                     "--replay-field", "ticket.priority"])
     assert code == 0 and "3 of 3 stored episode(s) replayed x 4" in capsys.readouterr().out
     # every request replayed the stored one exactly, 4 times each
     sent = [tuple(m["content"] for m in b["messages"]) for b in server.requests]
