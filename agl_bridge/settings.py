@@ -35,6 +35,7 @@ from typing import Any, Literal, TypeVar, Union
 T = TypeVar("T")
 HELP, PYTHON_ONLY = "agl_bridge.help", "agl_bridge.python_only"
 DEFAULT = "default"  # the origin of a value no layer gave
+MAX_FILE_BYTES = 1 << 20
 
 
 def setting(default: Any = MISSING, *, help: str, default_factory: Callable[[], Any] | None = None,
@@ -216,16 +217,29 @@ def read_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.suffix not in (".toml", ".json"):
         raise SettingError(f"{p}: a settings file is .toml or .json")
-    try:
-        text = p.read_bytes().decode()
-    except OSError as exc:
-        raise SettingError(f"{p}: cannot read it ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise SettingError(f"{p}: not text ({exc})") from None
-    values = loads(text, str(p), toml=p.suffix == ".toml")
+    values = loads(read_text(p), str(p), toml=p.suffix == ".toml")
     if not isinstance(values, dict):
         raise SettingError(f"{p}: expected a table of settings, got {_shown(values)}")
     return values
+
+
+def read_text(path: str | Path, what: str = "") -> str:
+    """A small text file (settings, a recipe, a rubric): a regular file (a FIFO or a device
+    would block or never end) of at most ``MAX_FILE_BYTES``, UTF-8; errors name it."""
+    p = Path(path)
+    where = f"{what} {p}" if what else str(p)
+    try:
+        if not p.is_file():
+            raise SettingError(f"{where}: cannot read it (not a regular file)")
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SettingError(f"{where}: {size} bytes; a settings file is at most "
+                               f"{MAX_FILE_BYTES}")
+        return p.read_bytes().decode()
+    except OSError as exc:
+        raise SettingError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise SettingError(f"{where}: not text ({exc})") from None
 
 
 def loads(text: str, source: str, *, toml: bool = True) -> Any:

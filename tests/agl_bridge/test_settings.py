@@ -172,6 +172,32 @@ def test_files_that_are_not_settings_are_refused_by_name(tmp_path):
     link.mkdir()
     with pytest.raises(SettingError, match=r"dir\.toml: cannot read it"):
         read_file(link)
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # nobody writes: reading it would block forever
+    with pytest.raises(SettingError, match=r"fifo\.toml: cannot read it \(not a regular file"):
+        read_file(fifo)
+    # recipes and rubrics are read the same way
+    from agl_bridge.trainer.judging.run import load_rubric
+    from agl_bridge.trainer.rewards.recipes import RecipeError, load_recipe
+
+    with pytest.raises(RecipeError, match=r"recipe .*fifo\.toml: cannot read it \(not a regular"):
+        load_recipe(fifo)
+    with pytest.raises(ValueError, match=r"rubric .*fifo\.toml: cannot read it \(not a regular"):
+        load_rubric(fifo)
+    zero = tmp_path / "zero.toml"
+    zero.symlink_to("/dev/zero")  # would never end
+    with pytest.raises(SettingError, match="not a regular file"):
+        read_file(zero)
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(SettingError, match="a settings file is at most 1048576"):
+        read_file(big)
+    target = tmp_path / "real.toml"
+    target.write_text("lora_r = 4\n")
+    (tmp_path / "link.toml").symlink_to(target)  # a link to a regular file reads as the file
+    assert read_file(tmp_path / "link.toml") == {"lora_r": 4}
 
 
 def test_where_each_value_came_from_is_shown():

@@ -106,11 +106,10 @@ class JudgeSummary:
 def load_rubric(path: str | os.PathLike[str]) -> Rubric:
     """A rubric file: ``.toml`` (name, instructions, scale), else plain text (named after
     the file)."""
+    from agl_bridge.settings import read_text
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"rubric {p}: cannot read it ({exc})") from exc
+    text = read_text(p, "rubric")
     return parse_rubric(text, source=str(p), toml=p.suffix.lower() == ".toml",
                         default_name=p.stem)
 

@@ -117,13 +117,11 @@ def recipe_from_dict(config: Mapping[str, Any], source: str = "<recipe>") -> Rec
 
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:
     """Read a recipe TOML file (see the module docstring)."""
-    from agl_bridge.settings import SettingError, loads
+    from agl_bridge.settings import SettingError, loads, read_text
 
     p = Path(path)
     try:
-        config = loads(p.read_text(), str(p))
-    except OSError as exc:
-        raise RecipeError(f"{p}: cannot read the recipe ({exc})") from None
+        config = loads(read_text(p, "recipe"), f"recipe {p}")
     except SettingError as exc:
         raise RecipeError(str(exc)) from None
     return recipe_from_dict(config, str(p))
