@@ -200,7 +200,8 @@ def test_unknown_parallelism_is_refused(tiny, tmp_path):
     from agl_bridge.trainer.training import GRPOConfig, train_policy
     from tests.factories import transitions
 
-    with pytest.raises(ValueError, match="parallelism must be one of"):
+    # refused where the configuration is made, before any model is loaded
+    with pytest.raises(ValueError, match="parallelism must be data or fsdp, got 'zero3'"):
         train_policy(transitions([1.0, 0.0]), tiny, tmp_path, progress=False,
                      config=GRPOConfig(parallelism="zero3"))  # type: ignore[arg-type]
 
