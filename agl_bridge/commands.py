@@ -133,8 +133,11 @@ def convert(args: argparse.Namespace) -> int:
                         max_rows_in_memory=args.max_rows_in_memory, progress=progress,
                         tune_allocators=True, part=part)
     print(stats.summary())
+    from agl_bridge.settings import record
+
+    used = record(Path(args.out).with_suffix(".settings.json"), convert=config)
     print(f"wrote {args.out}" + (f" ({args.workers} parts: a transitions directory)"
-                                 if args.workers > 1 else ""))
+                                 if args.workers > 1 else "") + f"; its settings: {used}")
     return 0 if stats.transitions else 1
 
 
@@ -410,10 +413,13 @@ def judge(args: argparse.Namespace) -> int:
                if getattr(config, n) is None]
     if missing:
         raise SettingError(f"the judge needs {', '.join(missing)} (flags or --config)")
+    from agl_bridge.settings import record
     from agl_bridge.trainer.judging import judge_spans
+    from agl_bridge.trainer.judging.cache import CACHE_DIR
 
     options = values(config)
     summary = judge_spans(args.spans, options.pop("rubric"), progress=not args.quiet, **options)
+    record(Path(args.spans) / CACHE_DIR / "settings.json", judge=config)
     for problem in summary.problems[:50]:
         print(f"agl-bridge judge: {problem}", file=sys.stderr)
     if len(summary.problems) > 50:

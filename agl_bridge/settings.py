@@ -462,6 +462,21 @@ def values(config: Any) -> dict[str, Any]:
     return out
 
 
+def record(path: str | Path, **configs: Any) -> Path:
+    """Write what a run used (``{name: settings}``) as JSON at ``path``, atomically: the
+    record a run leaves beside its outputs."""
+    import os
+    import tempfile
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump({name: values(c) for name, c in configs.items()}, f, indent=2, default=str)
+    os.replace(tmp, p)
+    return p
+
+
 def describe(config: Any, origin: Mapping[str, str] | None = None) -> str:
     """The effective configuration as TOML, each value with where it came from."""
     origin = origin or {}

@@ -20,6 +20,12 @@ def test_convert_prints_a_summary_and_writes(tmp_path):
     assert "1 episodes, 2 LLM calls -> 1 transitions" in out.stdout
     assert "skipped 1 LLM call(s): no token ids on the LLM span" in out.stdout
     assert pq.read_table(tmp_path / "t.parquet").num_rows == 1
+    # what the run used, every setting, beside its output
+    import json
+
+    used = json.loads((tmp_path / "t.settings.json").read_text())["convert"]
+    assert used["algorithm"] == "at_grpo" and used["baseline"] == ["group"]
+    assert used["missing_reward"] == "drop" and "recipe" not in used
 
 
 def test_bad_input_is_one_clear_line_not_a_traceback(tmp_path):

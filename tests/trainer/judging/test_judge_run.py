@@ -375,6 +375,8 @@ def test_the_judges_calls_are_not_captured_under_zero_code_capture(tmp_path):
         assert "4 scored" in done.stdout and len(server.requests) == 4
         assert chat_spans() == 4  # the episodes' own calls, and nothing of the judge's
         assert len(evaluation_rows(spans)) == 4
+        used = json.loads((spans / "_judge" / "settings.json").read_text())["judge"]
+        assert used["model"] == "judge-m" and used["rubric"] == str(rubric)
         # the control: an openai call in the same set-up is captured, so the check above can fail
         control = ("import openai, sys; openai.OpenAI(base_url=sys.argv[1]).chat.completions"
                    ".create(model='judge-m', messages=[{'role': 'user', 'content': 'hi'}])")
