@@ -21,10 +21,11 @@ ROW = re.compile(r"^\|\s*`([\w./-]+\.py)`\s*\|", re.MULTILINE)
 
 # Modules with neither a test file named for them in the mirrored folder nor a test file that
 # imports them: 50 of 125 when tests moved into folders mirroring the product (issue 28, item
-# 6), 46 of 128 once the settings were declared once. The number may go down (lower it here
-# when it does), never up: a new module comes with its tests/<folder>/test_<module>.py, or with
-# a test that imports it.
-UNTESTED_AT_MOST = 46
+# 6), 46 of 128 once the settings were declared once, 43 of 130 with tests of the loop's
+# state file and of credit assignment. The number may go down (lower it here when it does),
+# never up: a new module comes with its tests/<folder>/test_<module>.py, or with a test that
+# imports it.
+UNTESTED_AT_MOST = 43
 
 
 def product_modules() -> list[str]:

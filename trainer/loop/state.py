@@ -17,6 +17,21 @@ STATE_FILE = "state.json"
 BUDGET = ("rounds", "minutes")
 
 
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted paths, so a refusal names ``train.lora_r``, not ``train``."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value and prefix + key not in _LEAF_TABLES:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+# settings whose value is itself a table (compared whole)
+_LEAF_TABLES = ("convert.evaluation_weights", "convert.evaluation_labels", "judge.extra_body")
+
+
 class LoopState:
     """``<workdir>/state.json``. ``data`` holds ``settings``, ``rounds`` (one record per
     finished round), ``seconds`` (per stage), ``resumed`` (how often), and what the stages add."""
@@ -33,12 +48,12 @@ class LoopState:
             except ValueError as exc:
                 raise SystemExit(f"{self.path} is damaged ({exc}); use --fresh to start over "
                                  "or another workdir") from None
-            old = {k: v for k, v in self.data["settings"].items() if k not in budget}
-            new = {k: v for k, v in settings.items() if k not in budget}
+            old = {k: v for k, v in _flat(self.data["settings"]).items() if k not in budget}
+            new = {k: v for k, v in _flat(settings).items() if k not in budget}
             if old != new:
                 changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-                raise SystemExit(f"{self.path} was made with other settings ({changed}); use "
-                                 "--fresh to start over or another workdir")
+                raise SystemExit(f"{self.path} was made with other settings ({', '.join(changed)}"
+                                 "); use --fresh to start over or another workdir")
             self.data["settings"].update({k: settings[k] for k in budget if k in settings})
             self.data["resumed"] = self.data.get("resumed", 0) + 1
         else:
