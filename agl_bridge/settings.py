@@ -297,9 +297,10 @@ def add_flags(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str =
         elif _is_mapping(tp):
             kwargs.update(action="append", type=_pair, metavar="NAME=NUMBER")
             kwargs["help"] += "; repeatable"
-        else:
-            kwargs.update(type=_parser(tp), metavar=("{" + ",".join(map(str, choices)) + "}")
-                          if choices else f.name.upper().split("_")[-1])
+        else:  # choices as the metavar only where they are all that is allowed
+            listed = choices if typing.get_origin(_strip_none(tp)) is Literal else None
+            kwargs.update(type=_parser(tp), metavar=("{" + ",".join(map(str, listed)) + "}")
+                          if listed else f.name.upper().split("_")[-1])
         parser.add_argument(flag_name(path), **kwargs)
 
 
