@@ -12,24 +12,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from agl_bridge.settings import paths_values
+
 STATE_FILE = "state.json"
 # settings a resumed run may change: the budget
 BUDGET = ("rounds", "minutes")
-
-
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested settings as dotted paths, so a refusal names ``train.lora_r``, not ``train``."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value and prefix + key not in _LEAF_TABLES:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
-# settings whose value is itself a table (compared whole)
-_LEAF_TABLES = ("convert.evaluation_weights", "convert.evaluation_labels", "judge.extra_body")
 
 
 class LoopState:
@@ -48,8 +35,10 @@ class LoopState:
             except ValueError as exc:
                 raise SystemExit(f"{self.path} is damaged ({exc}); use --fresh to start over "
                                  "or another workdir") from None
-            old = {k: v for k, v in _flat(self.data["settings"]).items() if k not in budget}
-            new = {k: v for k, v in _flat(settings).items() if k not in budget}
+            # compared as dotted paths, so a refusal names ``train.lora_r``, not ``train``
+            old = {k: v for k, v in paths_values(self.data["settings"]).items()
+                   if k not in budget}
+            new = {k: v for k, v in paths_values(settings).items() if k not in budget}
             if old != new:
                 changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
                 raise SystemExit(f"{self.path} was made with other settings ({', '.join(changed)}"

@@ -27,7 +27,7 @@ def test_a_resumed_state_keeps_its_rounds_and_takes_a_new_budget(tmp_path):
 
 @pytest.mark.parametrize("change, named", [
     ({"train": {"lora_r": 16, "learning_rate": 1e-4}}, "train.lora_r"),
-    ({"convert": {"evaluation_weights": {"thumbs": 2.0}}}, "convert.evaluation_weights"),
+    ({"convert": {"evaluation_weights": {"thumbs": 2.0}}}, "convert.evaluation_weights.thumbs"),
     ({"model": "other"}, "model"),
 ])
 def test_other_settings_are_refused_by_their_dotted_path(tmp_path, change, named):
