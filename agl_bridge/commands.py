@@ -20,21 +20,15 @@ from agl_bridge.settings import file_layer
 T = TypeVar("T")
 
 
-def resolved(cls: type[T], args: argparse.Namespace, *, overrides: dict[str, Any] | None = None,
+def resolved(cls: type[T], args: argparse.Namespace, *,
              file_values: dict[str, Any] | None = None, file_label: str = "file"
              ) -> tuple[T, dict[str, str]]:
-    """A configuration from defaults < ``overrides`` (a client's, e.g. the demo's) < the file
-    < the flags, and where each value came from."""
+    """A configuration from defaults < the file < the flags, and where each value came from."""
     from agl_bridge import settings
 
-    layers: list[tuple[str, dict[str, Any]]] = []
-    if overrides:
-        layers.append(("demo", overrides))
-    if file_values:
-        layers.append((file_label, file_values))
-    layers.append(("flag", settings.given_flags(args, cls)))
-    return settings.resolve(cls, layers=layers, source=" and ".join(
-        [n for n, _ in layers[1 if overrides else 0:] if n != "flag"] + ["flags"]))
+    layers = [(file_label, file_values or {}), ("flag", settings.given_flags(args, cls))]
+    return settings.resolve(cls, layers=layers, source=f"{file_label} and flags"
+                            if file_values else "flags")
 
 
 def show(*parts: tuple[Any, dict[str, str]]) -> int:
