@@ -40,6 +40,7 @@ from typing import Any
 
 ALIASES_ENV = "AGL_BRIDGE_ALIASES"
 POLL_ENV = "AGL_BRIDGE_ALIASES_POLL_S"
+ROUTE_BY_ENV = "AGL_BRIDGE_ROUTE_BY"  # "agent": by the calling agent's name (openai/routing.py)
 DEFAULT_POLL_S = 1.0
 RETRY_S = 0.05  # a poll whose connection failed is tried again after this, once
 

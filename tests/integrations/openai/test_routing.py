@@ -158,3 +158,32 @@ def test_the_routing_instrumentor_routes_without_tracing(table, spans):
     finally:
         inst.uninstrument()
     assert not routing_enabled()
+
+
+def test_by_agent_a_shared_client_reaches_each_agents_live_version(tmp_path, monkeypatch, spans):
+    """Issue 29.1: one model client shared by every agent (the frameworks' usual pattern) asks
+    for one model name; with ``AGL_BRIDGE_ROUTE_BY=agent`` each call goes to the live version of
+    its agent's alias; an agent without an alias, or a call outside any agent, goes by model."""
+    import agl_bridge
+    from agl_bridge.aliases import ROUTE_BY_ENV
+    from agl_bridge.integrations.openai import enable_routing
+
+    path = tmp_path / "aliases.json"
+    path.write_text(json.dumps({"aliases": {"planner": "planner@v3", "analyst": "analyst@v1"}}))
+    monkeypatch.setenv(ALIASES_ENV, str(path))
+    enable_routing()
+    with ScriptedServer(vllm=False) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+
+        def team() -> None:
+            for name in ("planner", "analyst", "critic"):
+                with agl_bridge.agent(name):
+                    ask(client, model="gpt-4o")
+            ask(client, model="planner")
+
+        team()  # by model name only: the default
+        monkeypatch.setenv(ROUTE_BY_ENV, "agent")
+        team()
+    sent = [b["model"] for b in server.requests]
+    assert sent[:4] == ["gpt-4o", "gpt-4o", "gpt-4o", "planner@v3"]
+    assert sent[4:] == ["planner@v3", "analyst@v1", "gpt-4o", "planner@v3"]
