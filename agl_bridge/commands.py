@@ -396,7 +396,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def judge(args: argparse.Namespace) -> int:
-    from agl_bridge.settings import SettingError, values
+    from agl_bridge.settings import SettingError
     from agl_bridge.trainer.judging.config import JudgeConfig
 
     label, file_values = file_layer(args)
@@ -411,8 +411,7 @@ def judge(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.judging import judge_spans
     from agl_bridge.trainer.judging.cache import CACHE_DIR
 
-    options = values(config)
-    summary = judge_spans(args.spans, options.pop("rubric"), progress=not args.quiet, **options)
+    summary = judge_spans(args.spans, config, progress=not args.quiet)
     record(Path(args.spans) / CACHE_DIR / "settings.json", judge=config)
     for problem in summary.problems[:50]:
         print(f"agl-bridge judge: {problem}", file=sys.stderr)

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 from agl_bridge import semconv as sc
 from agl_bridge.otel.rows import build_row
 from agl_bridge.schema import SPAN_SCHEMA
-from agl_bridge.trainer.judging import judge_spans
+from agl_bridge.trainer.judging import JudgeConfig, judge_spans
 from agl_bridge.trainer.judging.cache import JudgeCache
 from agl_bridge.trainer.models.smollm2 import smollm2_instruct
 from agl_bridge.trainer.rewards.judge import Rubric
@@ -119,9 +119,9 @@ def agreement(store: Path, truth: dict[str, bool]) -> tuple[int, int]:
 
 
 def one_run(store: Path, server: VLLMServer, setting: dict[str, Any], args) -> dict[str, Any]:
-    summary = judge_spans(store, RUBRIC, base_url=server.base_url, model="smollm2",
-                          concurrency=args.concurrency, retries=args.retries, progress=False,
-                          **setting)
+    config = JudgeConfig(base_url=server.base_url, model="smollm2", concurrency=args.concurrency,
+                         retries=args.retries, **setting)
+    summary = judge_spans(store, config, rubric=RUBRIC, progress=False)
     finished = summary.scored + len(summary.failed)
     return {"seconds": summary.seconds, "scored": summary.scored, "cached": summary.cached,
             "failed": len(summary.failed), "requests": summary.requests,
@@ -181,8 +181,8 @@ def main() -> None:
         # one warm-up request, not timed: the first request of a fresh server pays for setup
         warm = work / "warm"
         make_store(warm, 1, 1, args.seed + 1)
-        judge_spans(warm, RUBRIC, base_url=server.base_url, model="smollm2", retries=0,
-                    progress=False)
+        judge_spans(warm, JudgeConfig(base_url=server.base_url, model="smollm2", retries=0),
+                    rubric=RUBRIC, progress=False)
         for name, setting in settings.items():
             runs = []
             for r in range(args.repeats):

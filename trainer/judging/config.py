@@ -13,8 +13,7 @@ JudgeMode = Literal["absolute", "relative"]
 
 @dataclass(frozen=True)
 class JudgeConfig:
-    """Who judges, against what, and how hard it is asked. ``judge_spans`` takes the same
-    names as keywords, with the same defaults (a test holds them equal)."""
+    """Who judges, against what, and how hard it is asked (``judge_spans`` takes it whole)."""
 
     rubric: str | None = setting(
         None, help="the rubric: TOML (name, instructions, scale = [low, high]) or plain text; "

@@ -35,11 +35,10 @@ from agl_bridge.capture import capture_messages
 from agl_bridge.feedback import evaluation_attributes, evaluation_row, flush_feedback, write_rows
 from agl_bridge.trainer.judging.cache import JudgeCache
 from agl_bridge.trainer.judging.client import JudgeHTTPError, chat
+from agl_bridge.trainer.judging.config import JudgeConfig
 from agl_bridge.trainer.judging.spans import read_episodes, tokenizer_decoder
 from agl_bridge.trainer.rewards.judge import (
     ABSOLUTE,
-    DEFAULT_MAX_EPISODE_CHARS,
-    MODES,
     RELATIVE,
     Rubric,
     Unit,
@@ -125,88 +124,87 @@ class _Outcome:
 
 
 @dataclass(frozen=True)
-class _Settings:
+class _Judge:
+    """A run's settings with the rubric read, the key found and the endpoint checked."""
+
+    config: JudgeConfig
+    rubric: Rubric
     base_url: str
     model: str
-    mode: str
-    rubric: Rubric
-    retries: int
-    timeout_s: float
-    temperature: float
-    max_tokens: int | None
     api_key: str | None
-    structured: bool
-    max_episode_chars: int
-    extra_body: dict[str, Any] | None = None
 
+    def body(self, unit: Unit, temperature: float) -> dict[str, Any]:
+        c, n = self.config, len(unit.episodes)
+        if c.mode == ABSOLUTE:
+            messages = absolute_messages(self.rubric, unit.episodes[0],
+                                         max_chars=c.max_episode_chars)
+        else:
+            messages = relative_messages(self.rubric, unit.episodes,
+                                         max_chars=c.max_episode_chars)
+        max_tokens = c.max_tokens or (400 if c.mode == ABSOLUTE else 150 + 100 * n)
+        body: dict[str, Any] = {"model": self.model, "messages": messages,
+                                "temperature": temperature, "max_tokens": max_tokens}
+        if c.structured:
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "verdict", "strict": True,
+                "schema": verdict_schema(c.mode, self.rubric, n)}}
+        if c.extra_body:
+            body.update(c.extra_body)
+        return body
 
-def _body(s: _Settings, unit: Unit, temperature: float) -> dict[str, Any]:
-    n = len(unit.episodes)
-    if s.mode == ABSOLUTE:
-        messages = absolute_messages(s.rubric, unit.episodes[0], max_chars=s.max_episode_chars)
-    else:
-        messages = relative_messages(s.rubric, unit.episodes, max_chars=s.max_episode_chars)
-    max_tokens = s.max_tokens or (400 if s.mode == ABSOLUTE else 150 + 100 * n)
-    body: dict[str, Any] = {"model": s.model, "messages": messages,
-                            "temperature": temperature, "max_tokens": max_tokens}
-    if s.structured:
-        body["response_format"] = {"type": "json_schema", "json_schema": {
-            "name": "verdict", "strict": True, "schema": verdict_schema(s.mode, s.rubric, n)}}
-    if s.extra_body:
-        body.update(s.extra_body)
-    return body
-
-
-def _judge_unit(s: _Settings, unit: Unit) -> _Outcome:
-    """Ask until a usable verdict comes back or the retries are spent (runs in a worker)."""
-    out = _Outcome(unit)
-    for attempt in range(1 + s.retries):
-        temperature = s.temperature if attempt == 0 else max(s.temperature, RETRY_TEMPERATURE)
-        out.requests += 1
-        try:
-            answer = chat(s.base_url, _body(s, unit, temperature), timeout_s=s.timeout_s,
-                          api_key=s.api_key)
-        except JudgeHTTPError as exc:
-            out.error = f"{exc} (after {out.requests} request(s))"
-            if not exc.transient:
+    def ask(self, unit: Unit) -> _Outcome:
+        """Ask until a usable verdict comes back or the retries are spent (runs in a worker)."""
+        c, out = self.config, _Outcome(unit)
+        for attempt in range(1 + c.retries):
+            temperature = c.temperature if attempt == 0 else max(c.temperature,
+                                                                 RETRY_TEMPERATURE)
+            out.requests += 1
+            try:
+                answer = chat(self.base_url, self.body(unit, temperature), timeout_s=c.timeout,
+                              api_key=self.api_key)
+            except JudgeHTTPError as exc:
+                out.error = f"{exc} (after {out.requests} request(s))"
+                if not exc.transient:
+                    return out
+                if attempt < c.retries:
+                    time.sleep(min(0.2 * 2 ** attempt, 5.0))
+                continue
+            out.answers += 1
+            try:
+                out.verdict = parse_verdict(c.mode, answer.text, self.rubric, unit.episodes)
+                out.error = None
                 return out
-            if attempt < s.retries:
-                time.sleep(min(0.2 * 2 ** attempt, 5.0))
-            continue
-        out.answers += 1
-        try:
-            out.verdict = parse_verdict(s.mode, answer.text, s.rubric, unit.episodes)
-            out.error = None
-            return out
-        except VerdictError as exc:
-            out.unparsable += 1
-            cut = " (cut short at max_tokens)" if answer.finish_reason == "length" else ""
-            out.error = (f"unparsable verdict after {out.requests} request(s): {exc}{cut}; "
-                         f"the answer began: {answer_start(answer.text)!r}")
-    return out
+            except VerdictError as exc:
+                out.unparsable += 1
+                cut = " (cut short at max_tokens)" if answer.finish_reason == "length" else ""
+                out.error = (f"unparsable verdict after {out.requests} request(s): {exc}{cut}; "
+                             f"the answer began: {answer_start(answer.text)!r}")
+        return out
 
+    def write(self, directory: Path, verdict: Verdict) -> None:
+        """The verdict's scores as evaluation records, durable on return."""
+        now = time.time_ns()
+        rows = []
+        for episode, score in verdict.scores.items():
+            attributes = evaluation_attributes(
+                f"{sc.TARGET_EPISODE}:{episode}", score.value, name=self.rubric.evaluation_name,
+                kind=sc.RewardKind.JUDGE, explanation=score.explanation)
+            attributes.update({sc.JUDGE_MODEL: self.model,
+                               sc.JUDGE_RUBRIC_SHA256: self.rubric.sha256,
+                               sc.JUDGE_MODE: self.config.mode})
+            rows.append(evaluation_row(attributes, service_name=SERVICE_NAME,
+                                       time_unix_nano=now))
+        write_rows(directory, rows)
 
-def _write(directory: Path, s: _Settings, verdict: Verdict) -> None:
-    """The verdict's scores as evaluation records, durable on return."""
-    now = time.time_ns()
-    rows = []
-    for episode, score in verdict.scores.items():
-        attributes = evaluation_attributes(
-            f"{sc.TARGET_EPISODE}:{episode}", score.value, name=s.rubric.evaluation_name,
-            kind=sc.RewardKind.JUDGE, explanation=score.explanation)
-        attributes.update({sc.JUDGE_MODEL: s.model, sc.JUDGE_RUBRIC_SHA256: s.rubric.sha256,
-                           sc.JUDGE_MODE: s.mode})
-        rows.append(evaluation_row(attributes, service_name=SERVICE_NAME, time_unix_nano=now))
-    write_rows(directory, rows)
-
-
-def _cache_entry(key: str, s: _Settings, verdict: Verdict) -> dict[str, Any]:
-    keep_text = capture_messages()  # explanations are free text: the messages level only
-    return {"key": key, "mode": s.mode, "model": s.model, "rubric": s.rubric.name,
-            "rubric_sha256": s.rubric.sha256, "time_unix_nano": time.time_ns(),
-            "scores": {episode: ({"score": score.value, "explanation": score.explanation}
-                                 if keep_text and score.explanation else {"score": score.value})
-                       for episode, score in verdict.scores.items()}}
+    def cache_entry(self, key: str, verdict: Verdict) -> dict[str, Any]:
+        keep_text = capture_messages()  # explanations are free text: the messages level only
+        return {"key": key, "mode": self.config.mode, "model": self.model,
+                "rubric": self.rubric.name, "rubric_sha256": self.rubric.sha256,
+                "time_unix_nano": time.time_ns(),
+                "scores": {episode: ({"score": score.value, "explanation": score.explanation}
+                                     if keep_text and score.explanation
+                                     else {"score": score.value})
+                           for episode, score in verdict.scores.items()}}
 
 
 class _Progress:
@@ -245,49 +243,37 @@ def _pool(workers: int) -> Iterator[ThreadPoolExecutor]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLike[str], *,
-                base_url: str, model: str, mode: str = ABSOLUTE,
-                tokenizer: str | os.PathLike[str] | None = None, concurrency: int = 4,
-                retries: int = 2, max_episodes: int | None = None, timeout: float = 120.0,
-                temperature: float = 0.0, max_tokens: int | None = None,
-                api_key: str | None = None, structured: bool = False,
-                max_episode_chars: int = DEFAULT_MAX_EPISODE_CHARS,
-                extra_body: dict[str, Any] | None = None,
+def judge_spans(spans: str | os.PathLike[str], config: JudgeConfig, *,
+                rubric: Rubric | None = None, api_key: str | None = None,
                 episode_ids: Collection[str] | None = None,
                 progress: bool = True) -> JudgeSummary:
-    """Judge the episodes of the span directory ``spans`` and write the scores into it.
+    """Judge the episodes of the span directory ``spans`` with ``config`` (``JudgeConfig``,
+    which needs ``base_url`` and ``model``) and write the scores into it.
 
-    ``rubric``: a ``Rubric`` or a rubric file. ``base_url``: an OpenAI-compatible server
-    (``http://host:port/v1``); ``model``: the name it serves the judge under. ``tokenizer``:
-    the served model's tokenizer directory, for episodes captured with token ids only.
-    ``structured``: ask for the verdict's JSON schema as ``response_format`` (servers that
-    support structured outputs, e.g. vLLM and OpenAI). ``extra_body``: more request fields,
-    merged into every request over ours (e.g. vLLM's ``{"structured_outputs": {"regex":
-    ...}}``, ``top_k``); neither it nor ``structured`` is part of the cache key (they shape
+    ``rubric``: a ``Rubric`` object, else ``config.rubric`` is read as a rubric file.
+    ``config.extra_body`` and ``config.structured`` are not part of the cache key (they shape
     how the verdict is written, not what is asked). ``api_key`` defaults to
-    ``$OPENAI_API_KEY``. ``max_episodes``: ask about at most this many episodes not judged
-    before, the earliest first (so each run with it judges the next ones). ``episode_ids``:
-    judge only these episodes (the loop passes the ones that arrived since its last round);
-    the rest of the directory is still read, so an episode split across files is whole.
-    Raises on unusable arguments; everything else is in the summary.
+    ``$OPENAI_API_KEY``. ``config.max_episodes``: ask about at most this many episodes not
+    judged before, the earliest first (so each run with it judges the next ones).
+    ``episode_ids``: judge only these episodes (the loop passes the ones that arrived since its
+    last round); the rest of the directory is still read, so an episode split across files is
+    whole. Raises on unusable arguments; everything else is in the summary.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if concurrency < 1 or retries < 0 or (max_episodes is not None and max_episodes < 1):
-        raise ValueError("concurrency and max_episodes must be at least 1, retries at least 0")
-    if not base_url or not model:
-        raise ValueError("the judge needs a base URL and a model name")
+    if not config.base_url or not config.model or not (rubric or config.rubric):
+        raise ValueError("the judge needs a base URL, a model name and a rubric")
     directory = Path(spans)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: not a span directory (the scores and the "
                                 f"cache are written into it)")
     started = time.perf_counter()
-    rubric = rubric if isinstance(rubric, Rubric) else load_rubric(rubric)
-    settings = _Settings(base_url, model, mode, rubric, retries, timeout, temperature,
-                         max_tokens, api_key or os.environ.get("OPENAI_API_KEY"), structured,
-                         max_episode_chars, dict(extra_body) if extra_body else None)
+    mode, model = config.mode, config.model
+    if rubric is None:
+        rubric = load_rubric(str(config.rubric))
+    judge = _Judge(config, rubric, config.base_url, model,
+                   api_key or os.environ.get("OPENAI_API_KEY"))
     summary = JudgeSummary(mode=mode, model=model, rubric=rubric.evaluation_name)
-    episodes = read_episodes(directory, tokenizer_decoder(tokenizer) if tokenizer else None)
+    episodes = read_episodes(directory, tokenizer_decoder(config.tokenizer)
+                             if config.tokenizer else None)
     summary.problems += episodes.problems
     texts, unreadable = episodes.texts, episodes.failed
     if episode_ids is not None:  # the others are not asked about, so not reported either
@@ -303,19 +289,19 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
     for unit in units_for(mode, texts):
         if mode == RELATIVE:
             unit = Unit(unit.key, tuple(prompt_order(unit.episodes)))
-        key = cache_key(mode, model, rubric, unit.episodes, max_episode_chars)
+        key = cache_key(mode, model, rubric, unit.episodes, config.max_episode_chars)
         if cache.get(key) is not None:
             summary.cached += len(unit.episodes)
         else:
             uncached.append(unit)
             keys[unit.key] = key
-    pending = [(keys[u.key], u) for u in limit_units(uncached, max_episodes)]
+    pending = [(keys[u.key], u) for u in limit_units(uncached, config.max_episodes)]
     summary.episodes = summary.cached + sum(len(u.episodes) for _, u in pending)
     bar = _Progress(len(pending), "episode" if mode == ABSOLUTE else "group", progress)
     try:
-        with _pool(min(concurrency, max(1, len(pending)))) as pool:
+        with _pool(min(config.concurrency, max(1, len(pending)))) as pool:
             futures: dict[Future[_Outcome], str] = {
-                pool.submit(_judge_unit, settings, unit): key for key, unit in pending}
+                pool.submit(judge.ask, unit): key for key, unit in pending}
             by_key = dict(pending)
             for future in as_completed(futures):
                 try:
@@ -327,8 +313,8 @@ def judge_spans(spans: str | os.PathLike[str], rubric: Rubric | str | os.PathLik
                 summary.answers += outcome.answers
                 summary.unparsable += outcome.unparsable
                 if outcome.verdict is not None:
-                    _write(directory, settings, outcome.verdict)
-                    cache.put(_cache_entry(futures[future], settings, outcome.verdict))
+                    judge.write(directory, outcome.verdict)
+                    cache.put(judge.cache_entry(futures[future], outcome.verdict))
                     summary.scored += len(outcome.verdict.scores)
                 else:
                     for e in outcome.unit.episodes:

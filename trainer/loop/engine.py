@@ -22,6 +22,7 @@ gate's decisions, rollbacks and the time per stage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -379,11 +380,10 @@ class Loop:
         todo = ids - rewarded - judging["tried"]
         if not todo:
             return 0
-        settings = {**values(judge), "base_url": judge.base_url or self.base_url,
-                    "model": judge.model or BASE, "tokenizer": judge.tokenizer or cfg.model,
-                    "max_episodes": budget}
-        summary = judge_spans(cfg.traces or "", settings.pop("rubric"), episode_ids=todo,
-                              progress=False, **settings)
+        settings = dataclasses.replace(
+            judge, base_url=judge.base_url or self.base_url, model=judge.model or BASE,
+            tokenizer=judge.tokenizer or cfg.model, max_episodes=budget)
+        summary = judge_spans(cfg.traces or "", settings, episode_ids=todo, progress=False)
         judging["tried"] |= set(summary.failed)  # scored ones are rewarded from now on
         if summary.failed and "first_failure" not in judging:  # the log says why, once
             episode, why = next(iter(summary.failed.items()))

@@ -16,7 +16,7 @@ import agl_bridge
 from agl_bridge.otel.parquet_exporter import spans_to_table
 from agl_bridge.parquet_io import iter_parquet_files
 from agl_bridge.trainer.conversion import ConvertConfig, convert
-from agl_bridge.trainer.judging import judge_spans
+from agl_bridge.trainer.judging import JudgeConfig, judge_spans
 from agl_bridge.trainer.judging.cache import JudgeCache
 from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.rewards.judge import Rubric
@@ -69,9 +69,10 @@ def evaluations(directory):
 
 
 def test_the_judge_on_vllm_retries_reports_caches_and_scores(vllm, captured, spans, tmp_path):
-    options = dict(base_url=vllm.base_url, model="tiny", tokenizer=vllm.model_dir,
-                   concurrency=2, max_tokens=24, progress=False)
-    free = judge_spans(captured, RUBRIC, retries=1, **options)
+    options = dict(base_url=vllm.base_url, model="tiny", tokenizer=str(vllm.model_dir),
+                   concurrency=2, max_tokens=24)
+    free = judge_spans(captured, JudgeConfig(retries=1, **options), rubric=RUBRIC,
+                       progress=False)
     assert (free.episodes, free.unreadable, free.requests, free.answers) == (4, 0, 8, 8)
     assert free.scored == 0 and free.unparsable == 8 and sorted(free.failed) == [
         "e1", "e2", "e3", "e4"]
@@ -79,13 +80,13 @@ def test_the_judge_on_vllm_retries_reports_caches_and_scores(vllm, captured, spa
         assert why.startswith("unparsable verdict after 2 request(s): ") and "began:" in why
     assert evaluations(captured) == {} and not JudgeCache(captured).entries
 
-    constrained = dict(options, extra_body={"structured_outputs": {"regex": VERDICT}})
-    scored = judge_spans(captured, RUBRIC, **constrained)
+    constrained = JudgeConfig(**options, extra_body={"structured_outputs": {"regex": VERDICT}})
+    scored = judge_spans(captured, constrained, rubric=RUBRIC, progress=False)
     assert (scored.scored, scored.requests, scored.failed) == (4, 4, {})
     scores = evaluations(captured)
     assert sorted(scores) == ["episode:e1", "episode:e2", "episode:e3", "episode:e4"]
     assert set(scores.values()) <= {0.0, 1.0}
-    again = judge_spans(captured, RUBRIC, **constrained)
+    again = judge_spans(captured, constrained, rubric=RUBRIC, progress=False)
     assert (again.requests, again.cached, again.scored) == (0, 4, 0)
 
     out = tmp_path / "transitions.parquet"
@@ -96,15 +97,15 @@ def test_the_judge_on_vllm_retries_reports_caches_and_scores(vllm, captured, spa
 
 
 def test_relative_judging_on_vllm_one_request_per_task(vllm, captured, spans):
-    options = dict(base_url=vllm.base_url, model="tiny", tokenizer=vllm.model_dir,
-                   mode="relative", max_tokens=96, progress=False,
-                   extra_body={"structured_outputs": {"regex": GROUP_VERDICT}})
-    first = judge_spans(captured, RUBRIC, **options)
+    config = JudgeConfig(base_url=vllm.base_url, model="tiny", tokenizer=str(vllm.model_dir),
+                         mode="relative", max_tokens=96,
+                         extra_body={"structured_outputs": {"regex": GROUP_VERDICT}})
+    first = judge_spans(captured, config, rubric=RUBRIC, progress=False)
     assert (first.scored, first.requests, first.failed) == (4, 2, {})
     entries = list(JudgeCache(captured).entries.values())
     assert sorted(sorted(e["scores"]) for e in entries) == [["e1", "e2"], ["e3", "e4"]]
     assert all(e["mode"] == "relative" and e["model"] == "tiny" for e in entries)
-    second = judge_spans(captured, RUBRIC, **options)
+    second = judge_spans(captured, config, rubric=RUBRIC, progress=False)
     assert (second.requests, second.cached) == (0, 4)
     assert json.loads(json.dumps(evaluations(captured))).keys() == {
         "episode:e1", "episode:e2", "episode:e3", "episode:e4"}

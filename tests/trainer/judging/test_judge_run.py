@@ -18,7 +18,7 @@ import pytest
 
 from agl_bridge import semconv as sc
 from agl_bridge.trainer.conversion import ConvertConfig, convert
-from agl_bridge.trainer.judging import judge_spans
+from agl_bridge.trainer.judging import JudgeConfig, judge_spans
 from agl_bridge.trainer.judging.cache import JudgeCache
 from agl_bridge.trainer.rewards import evaluations as ev
 from agl_bridge.trainer.rewards.judge import Rubric
@@ -83,10 +83,10 @@ def rewards(directory, tmp_path):
     return {t["episode_id"]: t["reward"] for t in pq.read_table(out).to_pylist()}, stats
 
 
-def judge(directory, server, **options):
-    options.setdefault("progress", False)
-    return judge_spans(directory, options.pop("rubric", RUBRIC), base_url=server.base_url,
-                       model="judge-m", **options)
+def judge(directory, server, rubric=RUBRIC, progress=False, episode_ids=None, **options):
+    config = JudgeConfig(base_url=server.base_url, model="judge-m", **options)
+    return judge_spans(directory, config, rubric=rubric, progress=progress,
+                       episode_ids=episode_ids)
 
 
 def test_absolute_scores_become_rewards_and_a_second_run_asks_nothing(tmp_path, monkeypatch):
@@ -209,8 +209,8 @@ def test_http_errors_and_timeouts_are_reported_with_the_episode(tmp_path):
     assert "within 0.3 s" in summary.failed["e1"]
     from agl_bridge.trainer.serving.vllm_server import free_port
 
-    summary = judge_spans(spans, RUBRIC, base_url=f"http://127.0.0.1:{free_port()}/v1",
-                          model="m", retries=0, progress=False)
+    config = JudgeConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="m", retries=0)
+    summary = judge_spans(spans, config, rubric=RUBRIC, progress=False)
     assert summary.failed["e1"].startswith("cannot reach http://127.0.0.1:")
     assert summary.scored == 0 and not evaluation_rows(spans)
 
@@ -266,7 +266,7 @@ def test_token_ids_are_read_with_the_served_models_tokenizer(tmp_path):
     off = llm("offvocab", 2, prompt=prompt, completion=[5, 99_999], trace="t2")
     spans = write_spans(tmp_path / "spans", [good, off])
     with ScriptedServer(reply='{"score": 1}') as server:
-        summary = judge(spans, server, tokenizer=tmp_path / "tok")
+        summary = judge(spans, server, tokenizer=str(tmp_path / "tok"))
         (request,) = server.requests
     assert summary.scored == 1
     assert ("[solver] input: <|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
@@ -276,8 +276,9 @@ def test_token_ids_are_read_with_the_served_models_tokenizer(tmp_path):
                               f"decode with this tokenizer (ValueError: id 99999 is outside "
                               f"the vocabulary of 320)"}
     with pytest.raises(ValueError, match=r"--tokenizer .*nowhere: cannot load a tokenizer"):
-        judge_spans(spans, RUBRIC, base_url="http://127.0.0.1:9/v1", model="m",
-                    tokenizer=tmp_path / "nowhere", progress=False)
+        judge_spans(spans, JudgeConfig(base_url="http://127.0.0.1:9/v1", model="m",
+                                       tokenizer=str(tmp_path / "nowhere")),
+                    rubric=RUBRIC, progress=False)
 
 
 def test_a_corrupt_cache_line_is_reported_and_ignored(tmp_path):
