@@ -76,8 +76,7 @@ def evaluation_attributes(target: str, value: float | Mapping[str, float], *,
         sc.GEN_AI_EVALUATION_SCORE_VALUE: score,
         sc.EVALUATION_TARGET: target_of(target),
         sc.REWARD_KIND: kind,
-        sc.REWARD_SCOPE: sc.RewardScope.AGENT if agent else sc.RewardScope.EPISODE,
-    }
+    }  # no scope: what the target names decides it at conversion (a response id: its turn)
     if agent:
         attributes[sc.GEN_AI_AGENT_NAME] = agent
     if label is not None:

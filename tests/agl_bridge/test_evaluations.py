@@ -22,7 +22,7 @@ def test_bad_targets_are_refused(target):
         target_of(target)
 
 
-def test_parts_are_summed_and_kept_and_the_scope_follows_the_agent():
+def test_parts_are_summed_and_kept_and_the_target_decides_the_scope():
     attributes = evaluation_attributes("e1", {"helpful": 0.5, "polite": 0.25}, name="ticket",
                                        agent="writer", label="good")
     assert attributes[sc.GEN_AI_EVALUATION_SCORE_VALUE] == 0.75
@@ -30,12 +30,12 @@ def test_parts_are_summed_and_kept_and_the_scope_follows_the_agent():
     assert attributes[sc.GEN_AI_EVALUATION_NAME] == "ticket"
     assert attributes[sc.EVALUATION_TARGET] == "any:e1"
     assert attributes[sc.REWARD_KIND] == sc.RewardKind.HUMAN
-    assert attributes[sc.REWARD_SCOPE] == sc.RewardScope.AGENT
+    assert sc.REWARD_SCOPE not in attributes  # conversion: a response id scores its turn
     assert attributes[sc.GEN_AI_AGENT_NAME] == "writer"
     assert attributes[sc.GEN_AI_EVALUATION_SCORE_LABEL] == "good"
     plain = evaluation_attributes("e1", 1)
     assert plain[sc.GEN_AI_EVALUATION_NAME] == "feedback"
-    assert plain[sc.REWARD_SCOPE] == sc.RewardScope.EPISODE
+    assert sc.REWARD_SCOPE not in plain
 
 
 def test_explanations_are_kept_at_the_messages_level_only(monkeypatch):

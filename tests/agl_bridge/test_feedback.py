@@ -166,3 +166,30 @@ def test_labels_score_label_only_evaluations():
     assert out.notes[ev.NO_SCORE] == 1 and not out.rewards
     out = ev.resolve([passed], lookup, labels={"pass": 1.0, "fail": 0.0})
     assert [r.value for r in out.rewards["e"]] == [1.0]
+
+
+def test_feedback_by_response_id_scores_that_calls_agent_and_turn_only():
+    """Issue 29.3: ``feedback("chatcmpl-...")`` on a two-agent, multi-turn episode rewards the
+    agent-turn that made that call, not the episode (the record no longer says "episode");
+    an episode id still scores the episode, and ``agent=`` that agent's turns."""
+    from agl_bridge.evaluations import evaluation_attributes
+    from agl_bridge.otel.rows import evaluation_row
+
+    rows = [llm("e", 1, agent="planner", turn=0), llm("e", 2, agent="analyst", turn=0),
+            llm("e", 3, agent="planner", turn=1), llm("e", 4, agent="analyst", turn=1)]
+    for i, row in enumerate(rows):
+        row["response_id"] = f"chatcmpl-{i}"
+
+    def rewards(*feedback):
+        records = [evaluation_row(evaluation_attributes(target, value, **kw))
+                   for target, value, kw in feedback]
+        out, _ = spans_to_transitions(table(rows + records), missing_reward=0.0)
+        return {(t["agent_name"], t["turn_index"]): t["reward"] for t in out.to_pylist()}
+
+    assert rewards(("chatcmpl-2", 1.0, {})) == {
+        ("planner", 0): 0.0, ("analyst", 0): 0.0, ("planner", 1): 1.0, ("analyst", 1): 0.0}
+    assert rewards(("response:chatcmpl-1", -1.0, {"agent": "analyst"})) == {
+        ("planner", 0): 0.0, ("analyst", 0): -1.0, ("planner", 1): 0.0, ("analyst", 1): 0.0}
+    assert set(rewards(("e", 1.0, {})).values()) == {1.0}  # an episode id: every transition
+    assert rewards(("episode:e", 1.0, {"agent": "planner"})) == {
+        ("planner", 0): 1.0, ("analyst", 0): 0.0, ("planner", 1): 1.0, ("analyst", 1): 0.0}
