@@ -2,18 +2,28 @@
 
 Success rates get 95% Wilson score intervals (sound at 0% and 100%, unlike the normal
 approximation); mean rewards get a normal-approximation interval of the mean. The page is one
-self-contained file: plots embedded as PNG data URIs, the numbers in tables beside them.
+self-contained file, made of the pieces of the training report's page (``agl-bridge report``):
+plots embedded as PNG data URIs, the numbers in tables beside them.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import math
 from pathlib import Path
 from typing import Any
+
+from agl_bridge.trainer.training.report import (
+    figure,
+    img,
+    load_metrics,
+    new_figure,
+    png_bytes,
+    render,
+    table,
+    write_page,
+)
 
 Z95 = 1.959964
 
@@ -53,20 +63,8 @@ def episode_stats(path: str | Path) -> dict[str, Any]:
 
 
 # -- plots -------------------------------------------------------------------------------------
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _figure(w: float = 7.5, h: float = 3.4):
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(w, h), dpi=110, layout="constrained")
-
-
-def plot_before_after(base: dict, final: dict) -> str:
-    fig = _figure()
+def plot_before_after(base: dict, final: dict) -> bytes:
+    fig = new_figure()
     ax = fig.add_subplot()
     labels = ["team (final answer)"] + [f"{a} (own reply)" for a in sorted(base["agents"])]
     pairs = [(base["success"], final["success"])] + [
@@ -85,20 +83,19 @@ def plot_before_after(base: dict, final: dict) -> str:
                  fontsize=10)
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
-    return _png(fig)
+    return png_bytes(fig)
 
 
-def plot_rounds(data: dict) -> str:
-    fig = _figure()
+def plot_rounds(data: dict) -> bytes:
+    fig = new_figure()
     ax = fig.add_subplot()
     rounds = [r for r in data["rounds"] if "episodes" in r]
     xs = [r["round"] for r in rounds]
-    for key, label, colour in (("success", "team success", "#1f77b4"),):
-        vals = [r["episodes"][key]["rate"] * 100 for r in rounds]
-        lo = [r["episodes"][key]["low"] * 100 for r in rounds]
-        hi = [r["episodes"][key]["high"] * 100 for r in rounds]
-        ax.plot(xs, vals, "o-", color=colour, label=label + " (training rollouts)")
-        ax.fill_between(xs, lo, hi, color=colour, alpha=0.15, linewidth=0)
+    success = [r["episodes"]["success"] for r in rounds]
+    ax.plot(xs, [w["rate"] * 100 for w in success], "o-", color="#1f77b4",
+            label="team success (training rollouts)")
+    ax.fill_between(xs, [w["low"] * 100 for w in success], [w["high"] * 100 for w in success],
+                    color="#1f77b4", alpha=0.15, linewidth=0)
     names = sorted({a for r in rounds for a in r["episodes"]["agents"]})
     for a, colour in zip(names, ("#ff7f0e", "#2ca02c", "#d62728")):
         ax.plot(xs, [r["episodes"]["agents"][a]["rate"] * 100 for r in rounds], "s--",
@@ -114,11 +111,11 @@ def plot_rounds(data: dict) -> str:
                  f"{data['settings']['temperature']}", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
-    return _png(fig)
+    return png_bytes(fig)
 
 
-def plot_times(seconds: dict[str, float]) -> str:
-    fig = _figure(7.5, 0.5 + 0.45 * len(seconds))
+def plot_times(seconds: dict[str, float]) -> bytes:
+    fig = new_figure(8.0, 0.5 + 0.45 * len(seconds))
     ax = fig.add_subplot()
     items = sorted(seconds.items(), key=lambda kv: kv[1])
     ax.barh([k for k, _ in items], [v / 60 for _, v in items], color="#1f77b4")
@@ -127,13 +124,11 @@ def plot_times(seconds: dict[str, float]) -> str:
     ax.set_xlabel("minutes")
     ax.set_title(f"Where the time went: {sum(seconds.values()) / 60:.1f} min in all",
                  fontsize=10)
-    return _png(fig)
+    return png_bytes(fig)
 
 
-def training_curves(work: Path, data: dict) -> list[tuple[str, str]]:
+def training_curves(work: Path, data: dict) -> list[tuple[str, bytes]]:
     """The trainer's own panels (``agl-bridge report``) over all rounds' metrics."""
-    from agl_bridge.trainer.training.report import load_metrics, render
-
     merged = work / "report" / "metrics-all-rounds.jsonl"
     merged.parent.mkdir(parents=True, exist_ok=True)
     with open(merged, "w") as out:
@@ -144,20 +139,12 @@ def training_curves(work: Path, data: dict) -> list[tuple[str, str]]:
     if merged.stat().st_size == 0:  # rounds that took no step (no reward variance)
         return []
     records, problems = load_metrics(merged)
-    if not records:
-        return []
     render(records, work / "report" / "training", problems=problems, source=merged)
-    return [(png.stem, base64.b64encode(png.read_bytes()).decode("ascii"))
+    return [(png.stem, png.read_bytes())
             for png in sorted((work / "report" / "training").glob("*.png"))]
 
 
 # -- page --------------------------------------------------------------------------------------
-_CSS = ("body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}"
-        "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;"
-        "padding:.25em .6em;text-align:right}th{background:#f4f4f4}td:first-child{text-align:"
-        "left}img{max-width:100%}.note{color:#555}code{background:#f4f4f4;padding:0 .2em}")
-
-
 def _pct(w: dict) -> str:
     return f"{w['rate']:.1%} [{w['low']:.1%}, {w['high']:.1%}]"
 
@@ -167,10 +154,8 @@ def _mean(m: dict) -> str:
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
-                  for r in rows)
-    return f"<table><tr>{th}</tr>{trs}</table>"
+    """:func:`table` of plain text: every cell escaped here, once."""
+    return table([html.escape(h) for h in head], [[html.escape(str(c)) for c in r] for r in rows])
 
 
 def _examples(work: Path, n: int = 6) -> str:
@@ -199,7 +184,7 @@ def _gate(record: dict) -> str:
     if not gate:
         return "–"
     if "low" not in gate:
-        return html.escape(gate.get("rule", ""))
+        return gate.get("rule", "")
     verdict = "publish" if gate["publish"] else "refused"
     return (f"{verdict}: {gate['difference']:+.3f} [{gate['low']:+.3f}, {gate['high']:+.3f}] "
             f"over {gate['n']}")
@@ -227,7 +212,7 @@ def write_report(work: Path, data: dict) -> Path:
         diff = (final["success"]["rate"] - base["success"]["rate"]) * 100
         body += [f"<h2>Held-out team success: {base['success']['rate']:.1%} &rarr; "
                  f"{final['success']['rate']:.1%} ({diff:+.1f} points)</h2>",
-                 f"<img src='data:image/png;base64,{plot_before_after(base, final)}'>",
+                 img(plot_before_after(base, final), "held-out success before and after"),
                  _table(["measure (held-out)", "before", "after"],
                         [["team success", _pct(base["success"]), _pct(final["success"])],
                          ["team reward", _mean(base["team_reward"]),
@@ -238,7 +223,7 @@ def write_report(work: Path, data: dict) -> Path:
                             _mean(final["agent_reward"][a])] for a in sorted(base["agents"])]),
                  "<h3>Some held-out tasks, before and after</h3>", _examples(work)]
     if data["rounds"]:
-        body += ["<h2>Per round</h2>", f"<img src='data:image/png;base64,{plot_rounds(data)}'>",
+        body += ["<h2>Per round</h2>", img(plot_rounds(data), "per round"),
                  _table(["round", "episodes", "team success", "team reward", "transitions",
                          "steps", "zero-variance groups", "gate", "published", "seconds"],
                         [[r["round"], r.get("team", {}).get("episodes", "–"),
@@ -253,28 +238,18 @@ def write_report(work: Path, data: dict) -> Path:
                      "versions was live (each request seen once, no reward at serving "
                      "time).</p>",
                      _table(["live versions", "requests", "success (95% interval)"],
-                            [[html.escape(", ".join(sorted(set(v["live"].values())))),
-                              v["requests"], _pct(v["success"])] for v in data["served"]])]
+                            [[", ".join(sorted(set(v["live"].values()))), v["requests"],
+                              _pct(v["success"])] for v in data["served"]])]
         events = [e for e in data.get("events", []) if e["event"] != "published"]
         if events:
             body += ["<h2>Refusals and rollbacks</h2>",
                      _table(["round", "what", "versions", "why"],
                             [[e["round"], e["event"],
-                              html.escape(json.dumps(e.get("candidate") or e.get("from"))),
-                              html.escape(e["reason"])] for e in events])]
+                              json.dumps(e.get("candidate") or e.get("from")), e["reason"]]
+                             for e in events])]
         curves = training_curves(work, data)
         if curves:
             body.append("<h2>Training curves (one point per micro-batch, all rounds)</h2>")
-            body += [f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{b64}'>"
-                     f"<figcaption>{html.escape(name)}</figcaption></figure>"
-                     for name, b64 in curves]
-    body += ["<h2>Time per stage</h2>",
-             f"<img src='data:image/png;base64,{plot_times(data['seconds'])}'>"]
-    page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>agl-bridge closed loop</title><style>{_CSS}</style></head><body>"
-            + "\n".join(body) + "</body></html>\n")
-    target = work / "report.html"
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+            body += [figure(png, name, html.escape(name)) for name, png in curves]
+    body += ["<h2>Time per stage</h2>", img(plot_times(data["seconds"]), "time per stage")]
+    return write_page(work / "report.html", "agl-bridge closed loop", body)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
+import io
 import json
 import math
 import os
@@ -303,6 +304,19 @@ def summarise(records: list[dict[str, Any]], problems: Iterable[str] = ()) -> di
 
 
 # -- plots ------------------------------------------------------------------------------------
+def new_figure(width: float = 8.0, height: float = 3.6) -> Any:
+    """A figure as both report pages draw them (Agg, never pyplot: see the module's text)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def png_bytes(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
 def _colours(names: list[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
@@ -319,9 +333,7 @@ def _legend(label: str) -> str:
 def _plot_panel(panel: Panel, records: list[dict[str, Any]], names: list[str],
                 colours: dict[str, Any], starts: list[int], path: Path) -> int:
     """Draws one panel to ``path``; returns the number of points drawn (0: nothing written)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8.0, 3.6), dpi=110, layout="constrained")
+    fig = new_figure()
     ax = fig.add_subplot()
     drawn = 0
     for name in names:
@@ -363,7 +375,7 @@ def _plot_panel(panel: Panel, records: list[dict[str, Any]], names: list[str],
     handles, _ = ax.get_legend_handles_labels()
     ax.legend(title="adapter", fontsize="small", title_fontsize="small",
               ncol=max(1, math.ceil(len(handles) / 8)), loc="best")
-    fig.savefig(path, format="png")
+    path.write_bytes(png_bytes(fig))
     return drawn
 
 
@@ -397,14 +409,39 @@ img{max-width:100%;height:auto;border:1px solid #eee}code{font-size:.9em}
 """
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
+def table(head: list[str], rows: list[list[str]]) -> str:
+    """An HTML table; ``head`` and the cells are HTML already (escaped by the caller)."""
     th = "".join(f"<th>{h}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def img(png: bytes, alt: str) -> str:
+    """A PNG embedded as a data URI: the page stays one self-contained file."""
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def figure(png: bytes, alt: str, caption: str, anchor: str = "") -> str:
+    """:func:`img` with its caption (HTML)."""
+    ident = f' id="{html.escape(anchor)}"' if anchor else ""
+    return f"<figure{ident}>{img(png, alt)}<figcaption>{caption}</figcaption></figure>"
+
+
+def write_page(target: Path, title: str, body: list[str]) -> Path:
+    """The page (``body``: HTML parts, one a line) written atomically: a reader never sees
+    half of it."""
+    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(target)
+    return target
+
+
 def _summary_html(s: dict[str, Any]) -> str:
-    parts = [_table(
+    parts = [table(
         ["micro-batches", "optimizer steps", "rounds / resumes", "total tokens", "mean tokens/s",
          "peak memory (MB)", "zero-variance transitions skipped", "malformed lines"],
         [[fmt(s["micro_batches"]), fmt(s["steps"]), fmt(s["rounds"]), fmt(s["tokens"]),
@@ -419,7 +456,7 @@ def _summary_html(s: dict[str, Any]) -> str:
                fmt(a["mean_tokens_per_s"]), fmt(a["peak_memory_mb"])]
         row += [f"{fmt(a['final'].get(f))} / {fmt(a['mean'].get(f))}" for f in fields]
         rows.append(row)
-    parts.append(_table(head, rows))
+    parts.append(table(head, rows))
     parts.append('<p class="note">steps: optimizer steps (micro-batches with a grad_norm); '
                  "an adapter's steps are those that updated it (its micro-batches were in the "
                  "step's accumulation window). final: last finite value; mean: over finite "
@@ -456,7 +493,7 @@ def _adapters_html(adapters: list[dict[str, Any]], run_dir: Path | None) -> str:
             fmt(m.get("steps")), fmt(m.get("transitions")),
             html.escape(Path(str(m["init_adapter"])).name) if m.get("init_adapter") else "–",
             fmt(when)])
-    out = _table(["adapter", "version", "directory", "base model fingerprint", "base model",
+    out = table(["adapter", "version", "directory", "base model fingerprint", "base model",
                   "steps", "transitions", "continued from", "created (UTC)"], rows)
     fps = {m.get("base_model_fingerprint") for m in adapters}
     if len(fps) > 1:
@@ -523,22 +560,11 @@ def render(records: list[dict[str, Any]], out_dir: str | os.PathLike[str], *,
         body += [f'<p class="warn"><code>{html.escape(p)}</code></p>' for p in adapter_problems]
     body.append("<h2>Panels</h2>")
     for panel, png, left_out in figures:
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
         note = f"; {left_out} NaN/inf value(s) left out" if left_out else ""
-        body.append(f'<figure id="{panel.name}"><img alt="{html.escape(panel.title)}" '
-                    f'src="data:image/png;base64,{data}"><figcaption>{png.name}{note}'
-                    "</figcaption></figure>")
+        body.append(figure(png.read_bytes(), panel.title, png.name + note, panel.name))
     blob = json.dumps(summary, default=str, sort_keys=True)
-    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
-            + "\n".join(body)
-            + '\n<script type="application/json" id="summary">'
-            + _script_safe(blob) + "</script>\n</body></html>\n")
-    target = out / REPORT_FILE
-    tmp = target.with_name(f".{REPORT_FILE}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+    body.append(f'<script type="application/json" id="summary">{_script_safe(blob)}</script>')
+    return write_page(out / REPORT_FILE, title, body)
 
 
 def report(path: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None,
