@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import sys
 
 import agl_bridge
 from agl_bridge import semconv as sc
@@ -40,10 +39,14 @@ _INT = re.compile(r"-?\d+")
 _FORM = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 
 
+def numbers(text: str) -> list[int]:
+    return [int(x) for x in _INT.findall((text or "").replace(",", ""))]
+
+
 def final_number(text: str) -> int | None:
     """The number a reply commits to: the last integer in it (``27 + 19 = 46`` -> 46)."""
-    found = _INT.findall((text or "").replace(",", ""))
-    return int(found[-1]) if found else None
+    found = numbers(text)
+    return found[-1] if found else None
 
 
 def score(text: str, a: int, b: int) -> dict[str, float]:
@@ -78,7 +81,7 @@ def operands(task: dict) -> tuple[int, int]:
 
 
 async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
-               reward: str, args: argparse.Namespace) -> dict:
+               args: argparse.Namespace) -> dict:
     from autogen_agentchat.agents import AssistantAgent
     from autogen_agentchat.messages import BaseTextChatMessage
     from autogen_agentchat.teams import RoundRobinGroupChat
@@ -100,7 +103,7 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
             result = await team.run(task=QUESTION.format(a=a, b=b))
             replies = {m.source: m.content for m in result.messages
                        if isinstance(m, BaseTextChatMessage) and m.source != "user"}
-            parts = {name: score(replies.get(name, ""), a, b) if reward == "add" else
+            parts = {name: score(replies.get(name, ""), a, b) if args.reward == "add" else
                      score_lower(replies.get(name, ""), args.max_tokens)
                      for name in AGENTS}
             team_parts = {"correct": parts["checker"]["correct"],
@@ -109,38 +112,13 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                                              team_parts, parts, args)
 
 
-async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
-    clients = {name: program.model_client(args.base_url, getattr(args, f"{name}_model"),
-                                          args.temperature, args.max_tokens)
-               for name in AGENTS}
-    sem = asyncio.Semaphore(args.concurrency)
-    total = len(tasks) * args.rollouts
-    done = 0
-
-    async def counted(coro):
-        nonlocal done
-        result = await coro
-        done += 1
-        if sys.stderr.isatty():
-            print(f"\r  episodes {done}/{total}", end="\n" if done == total else "",
-                  file=sys.stderr, flush=True)
-        return result
-
-    try:
-        return await asyncio.gather(*(counted(play(t, r, clients, sem, args.reward, args))
-                                      for t in tasks for r in range(args.rollouts)))
-    finally:
-        for c in clients.values():
-            await c.close()
-
-
 def main() -> None:
     ap = program.parser(__doc__.splitlines()[0], "JSON lines: task_id, a, b")
     ap.add_argument("--solver-model", default="solver")
     ap.add_argument("--checker-model", default="checker")
     ap.add_argument("--reward", choices=("add", "lower"), default="add",
                     help="add: the arithmetic reward; lower: a toy one for random tiny models")
-    program.run(ap, ap.parse_args(), run_all)
+    program.run(ap, ap.parse_args(), play, AGENTS)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ async def serve(args: argparse.Namespace) -> int:
             while len(pending) >= args.concurrency:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 served += _write(log, done)
-            pending.add(asyncio.create_task(play(task, 0, clients, sem, args.reward, args)))
+            pending.add(asyncio.create_task(play(task, 0, clients, sem, args)))
         if pending:
             done, _ = await asyncio.wait(pending)
             served += _write(log, done)

@@ -48,17 +48,49 @@ def parser(description: str, tasks_help: str) -> argparse.ArgumentParser:
     return ap
 
 
-def run(ap: argparse.ArgumentParser, args: argparse.Namespace,
-        run_all: Callable[[list[dict], argparse.Namespace], Coroutine[Any, Any, list[dict]]],
-        roles: Sequence[str] = ()) -> None:
-    """Play the tasks, write the result lines, print the summary (with each of ``roles``'
-    own success rate)."""
+#: a team's episode: (task, rollout, the agents' model clients, the concurrency limit, args)
+Play = Callable[[dict, int, dict, asyncio.Semaphore, argparse.Namespace],
+                Coroutine[Any, Any, dict]]
+
+
+async def run_all(tasks: list[dict], args: argparse.Namespace, play: Play,
+                  agents: Sequence[str]) -> list[dict]:
+    """Every task ``--rollouts`` times, at most ``--concurrency`` episodes at once (so the
+    server batches them); a progress line on a terminal."""
+    clients = {name: model_client(args.base_url, getattr(args, f"{name}_model"),
+                                  args.temperature, args.max_tokens)
+               for name in agents}
+    sem = asyncio.Semaphore(args.concurrency)
+    total = len(tasks) * args.rollouts
+    done = 0
+
+    async def counted(coro: Coroutine[Any, Any, dict]) -> dict:
+        nonlocal done
+        result = await coro
+        done += 1
+        if sys.stderr.isatty():
+            print(f"\r  episodes {done}/{total}", end="\n" if done == total else "",
+                  file=sys.stderr, flush=True)
+        return result
+
+    try:
+        return await asyncio.gather(*(counted(play(t, r, clients, sem, args))
+                                      for t in tasks for r in range(args.rollouts)))
+    finally:
+        for c in clients.values():
+            await c.close()
+
+
+def run(ap: argparse.ArgumentParser, args: argparse.Namespace, play: Play,
+        agents: Sequence[str], roles: Sequence[str] = ()) -> None:
+    """Play the tasks (:func:`run_all`), write the result lines, print the summary (with each
+    of ``roles``' own success rate)."""
     if not args.base_url or not args.tasks:
         ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
     with open(args.tasks) as f:
         tasks = [json.loads(line) for line in f if line.strip()]
     t0 = time.perf_counter()
-    results = asyncio.run(run_all(tasks, args))
+    results = asyncio.run(run_all(tasks, args, play, agents))
     if args.results:
         with open(args.results, "w") as f:
             for r in results:
@@ -72,7 +104,6 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace,
                                for a in roles}
     summary["seconds"] = round(time.perf_counter() - t0, 2)
     print(json.dumps(summary), flush=True)
-    sys.stdout.flush()
 
 
 def reward_and_result(task: dict, rollout: int, episode_id: str, a: int, b: int,

@@ -35,7 +35,7 @@ import re
 
 import agl_bridge
 from agl_bridge.trainer.loop.teams import program
-from agl_bridge.trainer.loop.teams.arith import final_number
+from agl_bridge.trainer.loop.teams.arith import numbers, score
 
 READER_SYSTEM = ("You read a word problem and pass on only the two numbers that must be "
                  "added, as one line: a + b")
@@ -53,9 +53,7 @@ STORIES = (
     "{name} walked {d1} minutes to the lake, caught {a} fish before lunch and {b} fish after "
     "lunch. How many fish did {name} catch?",
 )
-_INT = re.compile(r"-?\d+")
 _PAIR = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*\.?\s*$")
-_SUM = re.compile(r"^\s*(\d+)\s*\+\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
 AGENTS = ("reader", "solver")
 
 
@@ -67,10 +65,6 @@ def make_story(a: int, b: int, seed: str) -> str:
     return rng.choice(STORIES).format(name=rng.choice(NAMES), a=a, b=b, d1=d1, d2=d2)
 
 
-def numbers(text: str) -> list[int]:
-    return [int(x) for x in _INT.findall((text or "").replace(",", ""))]
-
-
 def score_reader(text: str, a: int, b: int) -> dict[str, float]:
     got = numbers(text)[:2]
     correct = float(sorted(got) == sorted([a, b]))
@@ -79,22 +73,15 @@ def score_reader(text: str, a: int, b: int) -> dict[str, float]:
 
 
 def score_solver(text: str, given: list[int]) -> dict[str, float]:
+    """The arithmetic team's reply score (``arith.score``) against the two numbers given."""
     if len(given) < 2:  # nothing to add was passed on: the solver cannot be judged
         return {"correct": 0.0, "close": 0.0, "form": 0.0}
-    x, y = given[:2]
-    got = final_number(text)
-    correct = float(got == x + y)
-    close = 0.0 if correct or got is None else 0.3 * max(0.0, 1.0 - abs(got - (x + y)) / 10.0)
-    m = _SUM.match(text or "")
-    form = 0.2 if m and (int(m.group(1)), int(m.group(2))) == (x, y) else 0.0
-    return {"correct": correct, "close": close, "form": form}
+    return score(text, given[0], given[1])
 
 
 def score_team(solver_text: str, a: int, b: int) -> dict[str, float]:
-    got = final_number(solver_text)
-    correct = float(got == a + b)
-    close = 0.0 if correct or got is None else 0.3 * max(0.0, 1.0 - abs(got - (a + b)) / 10.0)
-    return {"correct": correct, "close": close}
+    parts = score(solver_text, a, b)
+    return {"correct": parts["correct"], "close": parts["close"]}
 
 
 def story_of(task: dict) -> str:
@@ -136,19 +123,6 @@ async def play(task: dict, rollout: int, clients: dict, sem: asyncio.Semaphore,
                                              team_parts, parts, args)
 
 
-async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
-    clients = {name: program.model_client(args.base_url, getattr(args, f"{name}_model"),
-                                          args.temperature, args.max_tokens)
-               for name in AGENTS}
-    sem = asyncio.Semaphore(args.concurrency)
-    try:
-        return await asyncio.gather(*(play(t, r, clients, sem, args)
-                                      for t in tasks for r in range(args.rollouts)))
-    finally:
-        for c in clients.values():
-            await c.close()
-
-
 def main() -> None:
     ap = program.parser(__doc__.splitlines()[0], "JSON lines: task_id, a, b, story")
     ap.add_argument("--reader-model", default="reader")
@@ -158,7 +132,7 @@ def main() -> None:
     ap.add_argument("--branch", type=int, default=0, metavar="K",
                     help="tree sampling: sample the reader's turn K ways in one request, score "
                          "each with the reader's reward, go on from the best (0: off)")
-    program.run(ap, ap.parse_args(), run_all, roles=AGENTS)
+    program.run(ap, ap.parse_args(), play, AGENTS, roles=AGENTS)
 
 
 if __name__ == "__main__":
