@@ -18,6 +18,7 @@
 
 Commands with settings (demo, loop, convert, train, judge, serve) take them as flags and as a file
 (``--config``) with the same names, and show the values a run would use (``--print-config``).
+Those that start vLLM (serve, loop, demo) pass what follows ``--`` to it as its own flags.
 
 Training imports torch only when ``train`` runs, so the capture install can use ``convert``.
 """
@@ -241,8 +242,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# commands that start vLLM: what follows ``--`` are vLLM's own flags, passed as given
+VLLM_ARGS = {"serve": "vllm_args", "loop": "serve.vllm_args", "demo": "serve.vllm_args"}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv[:cut])
+    if cut < len(argv):
+        if args.command not in VLLM_ARGS:
+            parser.error(f"{args.command} starts no vLLM: nothing to pass after --")
+        setattr(args, VLLM_ARGS[args.command], argv[cut + 1:])
     try:
         return args.func(args)
     except (ValueError, TypeError, OSError, RuntimeError) as exc:

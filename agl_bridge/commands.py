@@ -270,9 +270,7 @@ def serve(args: argparse.Namespace) -> int:
         for i in range(args.replicas):
             server = VLLMServer(args.model, served_model_name=args.served_model_name,
                                 port=(args.port + i) if args.port else None,
-                                max_model_len=cfg.max_model_len, max_lora_rank=cfg.max_lora_rank,
-                                max_loras=cfg.max_loras, kv_cache_gib=cfg.kv_cache_gib,
-                                log_path=registry / f"vllm-{i}.log",
+                                log_path=registry / f"vllm-{i}.log", **cfg.server_options(),
                                 cpu_cores=cpu_share(i, args.replicas) if args.replicas > 1
                                 else None)
             registry.mkdir(parents=True, exist_ok=True)

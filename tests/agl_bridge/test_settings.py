@@ -125,7 +125,8 @@ def test_python_keywords_are_the_declared_settings_with_their_defaults():
     for f, _ in declared(ServeConfig):
         if f.name in keywords:
             assert keywords[f.name].default == settings.default_of(f), f.name
-    assert {f.name for f, _ in declared(ServeConfig)} - set(keywords) == {"registry"}
+    assert {f.name for f, _ in declared(ServeConfig)} - set(keywords) == {
+        "registry", "tool_call_parser", "vllm_args"}  # the last two: extra_args()
 
 
 def test_what_a_run_records_reads_back_as_the_same_configuration():
@@ -258,3 +259,21 @@ def test_the_cli_docstring_and_docs_name_every_command():
     for command in sub.choices:
         assert f"agl-bridge {command}" in cli.__doc__, command
         assert f"agl-bridge {command}" in docs, command
+
+
+def test_what_follows_a_double_dash_reaches_vllm_as_its_own_flags():
+    """Issue 29.2: ``serve`` (and the loop's and demo's servers) pass vLLM flags through, and a
+    tool-calling preset adds the two flags vLLM wants for ``tool_choice="auto"``."""
+    out = run_cli("serve", "--model", "m", "--tool-call-parser", "hermes", "--print-config",
+                  "--", "--enable-prefix-caching", "--max-num-seqs", "8")
+    assert out.returncode == 0, out.stderr
+    assert 'vllm_args = ["--enable-prefix-caching", "--max-num-seqs", "8"]' in out.stdout
+    assert "max_model_len # unset" in out.stdout  # the model's own limit
+    loop = run_cli("loop", "--print-config", "--", "--enforce-eager")
+    assert 'vllm_args = ["--enforce-eager"]' in loop.stdout and "# flag" in loop.stdout
+    bad = run_cli("convert", "a", "b", "--", "--enforce-eager")
+    assert bad.returncode == 2 and "convert starts no vLLM" in bad.stderr
+    cfg = build(ServeConfig, {"tool_call_parser": "hermes", "vllm_args": ["--seed", "1"]})
+    assert cfg.extra_args() == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                                "--seed", "1"]
+    assert ServeConfig().extra_args() == []

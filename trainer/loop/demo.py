@@ -247,11 +247,9 @@ def run_production(demo: DemoConfig, record: dict[str, Any], cfg: LoopConfig, ta
     shutil.rmtree(registry, ignore_errors=True)  # a fresh server: the loop publishes again
     log(f"starting vLLM on {model_dir.name} (log: {work / 'vllm.log'})")
     serve = cfg.serve
-    server = VLLMServer(model_dir, served_model_name="base", max_model_len=serve.max_model_len,
-                        max_loras=serve.max_loras, max_lora_rank=serve.max_lora_rank,
-                        kv_cache_gib=serve.kv_cache_gib, log_path=work / "vllm.log",
-                        extra_args=["--gpu-memory-utilization", "0.35"] if has_cuda() else []
-                        ).start()
+    gpu = ["--gpu-memory-utilization", "0.35"] if has_cuda() else []  # training too
+    server = VLLMServer(model_dir, served_model_name="base", log_path=work / "vllm.log",
+                        **serve.server_options(*gpu)).start()
     procs: list[subprocess.Popen] = []
     try:
         from agl_bridge.aliases import AliasTable

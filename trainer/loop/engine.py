@@ -189,12 +189,10 @@ class Loop:
             log(f"starting vLLM on {Path(self.cfg.model).name} (log: {self.work / 'vllm.log'})")
             with self.state.timed("start vLLM"):
                 serve = self.cfg.serve
-                self.server = VLLMServer(
-                    self.cfg.model, served_model_name=BASE, max_model_len=serve.max_model_len,
-                    max_loras=serve.max_loras, max_lora_rank=serve.max_lora_rank,
-                    kv_cache_gib=serve.kv_cache_gib, log_path=self.work / "vllm.log",
-                    extra_args=["--gpu-memory-utilization", "0.35"] if has_cuda() else []
-                ).start()
+                gpu = ["--gpu-memory-utilization", "0.35"] if has_cuda() else []  # training too
+                self.server = VLLMServer(self.cfg.model, served_model_name=BASE,
+                                         log_path=self.work / "vllm.log",
+                                         **serve.server_options(*gpu)).start()
             self.base_url = self.server.base_url
         try:
             self.publisher = Publisher([self.base_url], self.registry, base_model=self.cfg.model,

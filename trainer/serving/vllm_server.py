@@ -50,8 +50,9 @@ class VLLMServer:
     """``with VLLMServer(model_dir) as server: server.base_url`` -> ``http://127.0.0.1:P/v1``."""
 
     def __init__(self, model_dir: str | os.PathLike[str], *, served_model_name: str = "base",
-                 port: int | None = None, dtype: str | None = None, max_model_len: int = 1024,
-                 max_lora_rank: int = 16, max_loras: int = 4, kv_cache_gib: int = 2,
+                 port: int | None = None, dtype: str | None = None,
+                 max_model_len: int | None = None, max_lora_rank: int = 16, max_loras: int = 4,
+                 kv_cache_gib: int = 2,
                  log_path: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
                  startup_timeout_s: float = 300.0, cpu_cores: str | None = None) -> None:
         """``cpu_cores`` (CPU backend): the cores its engine's threads are bound to, e.g.
@@ -66,9 +67,8 @@ class VLLMServer:
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir), "--served-model-name", served_model_name,
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", self.dtype,
-            "--max-model-len", str(max_model_len), "--enable-lora",
-            "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras),
-            *extra_args,
+            "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras),
+            *(["--max-model-len", str(max_model_len)] if max_model_len else []), *extra_args,
         ]
         self.env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
         if not has_cuda():
