@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import json
 import os
 import stat
 import zlib
@@ -61,10 +60,7 @@ def decode_line(line: bytes) -> list[otlp.Conversion]:
     """One line of a Collector file: the traces and/or logs request it holds (a line holds one
     request; anything else, metrics for example, gives nothing). MalformedRequest if it is not
     OTLP/JSON."""
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise otlp.MalformedRequest(f"not JSON: {exc}") from None
+    obj = otlp.loads(line)
     if isinstance(obj, dict) and any(obj.get(k) is not None
                                      for k in ("resourceLogs", "resource_logs")):
         out: list[otlp.Conversion] = [otlp_logs.json_to_rows(obj)]

@@ -41,9 +41,9 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -52,7 +52,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from agl_bridge.otel.rows import build_row
 
@@ -63,6 +63,9 @@ STATUS_CODES: dict[int, str] = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _INT64_MAX = 2**63 - 1
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})*")
 _MAX_ERRORS_IN_MESSAGE = 3
+C = TypeVar("C", bound="Conversion")
+#: ``(item, resource attributes, scope name) -> row``; None: an item left out on purpose
+RowOf = Callable[[Any, dict[str, Any], str | None], dict[str, Any] | None]
 
 
 class MalformedRequest(ValueError):
@@ -75,11 +78,8 @@ class Conversion:
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    ignored: int = 0  # items left out on purpose (log records that are not kept events)
     noun: ClassVar[str] = "span"  # what the request carries, for messages
-
-    def extend(self, other: Conversion) -> None:
-        self.rows.extend(other.rows)
-        self.rejected.extend(other.rejected)
 
     def counts(self) -> dict[str, int]:
         """Increments of ``ReceiverStats`` for this request."""
@@ -101,6 +101,29 @@ class Conversion:
             response.partial_success.rejected_spans = len(self.rejected)
             response.partial_success.error_message = self.error_message
         return response
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where a signal's items sit in its request: protobuf fields (resource, scope, item), the
+    OTLP/JSON spellings of each level (camelCase first), and the item's hex id keys."""
+
+    request: type[Any]  # ExportTraceServiceRequest, ExportLogsServiceRequest
+    item: type[Any]  # Span, LogRecord
+    fields: tuple[str, str, str]  # ("resource_spans", "scope_spans", "spans")
+    resource_keys: tuple[str, ...]
+    scope_keys: tuple[str, ...]
+    item_keys: tuple[str, ...]
+    id_keys: tuple[str, ...]
+    noun: str  # in messages, and its snake_case is the quarantine record's key for the item
+    links: bool = False  # items hold links, whose ids are hex too
+
+
+SPANS = Shape(ExportTraceServiceRequest, Span, ("resource_spans", "scope_spans", "spans"),
+              ("resourceSpans", "resource_spans"),
+              ("scopeSpans", "scope_spans", "instrumentationLibrarySpans"), ("spans",),
+              ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id"),
+              "span", links=True)
 
 
 # -- values ------------------------------------------------------------------------------------
@@ -158,81 +181,101 @@ def span_row(span: Span, resource: Mapping[str, Any], scope_name: str | None) ->
 # -- requests ----------------------------------------------------------------------------------
 def request_to_rows(request: ExportTraceServiceRequest) -> Conversion:
     """Every span of a request as a row, or as a quarantine record if it cannot be one."""
-    out = Conversion()
-    for resource_spans in request.resource_spans:
-        resource = attributes(resource_spans.resource.attributes)
-        for scope_spans in resource_spans.scope_spans:
-            scope_name = scope_spans.scope.name or None
-            for span in scope_spans.spans:
+    return convert(request, SPANS, span_row, Conversion())
+
+
+def convert(request: Any, shape: Shape, row_of: RowOf, out: C) -> C:
+    """Every item of a protobuf request as ``row_of(item, resource, scope name)`` (None: left
+    out, counted as ignored), or as a quarantine record when it raises ValueError."""
+    resource_field, scope_field, item_field = shape.fields
+    for group in getattr(request, resource_field):
+        resource = attributes(group.resource.attributes)
+        for scoped in getattr(group, scope_field):
+            scope_name = scoped.scope.name or None
+            for item in getattr(scoped, item_field):
                 try:
-                    out.rows.append(span_row(span, resource, scope_name))
+                    row = row_of(item, resource, scope_name)
                 except ValueError as exc:
-                    out.rejected.append(_record(str(exc), span_json(span),
-                                                _message_json(resource_spans.resource),
-                                                _message_json(scope_spans.scope)))
+                    out.rejected.append(_record(shape, str(exc), otlp_json(item),
+                                                _message_json(group.resource),
+                                                _message_json(scoped.scope)))
+                    continue
+                if row is None:
+                    out.ignored += 1
+                else:
+                    out.rows.append(row)
     return out
 
 
 def decode_protobuf(body: bytes | bytearray) -> Conversion:
     """An OTLP/protobuf ``ExportTraceServiceRequest`` body; MalformedRequest if it is not one."""
+    return request_to_rows(parse_protobuf(body, SPANS))
+
+
+def parse_protobuf(body: bytes | bytearray, shape: Shape) -> Any:
     try:
-        request = ExportTraceServiceRequest.FromString(body)
+        return shape.request.FromString(body)
     except (DecodeError, RecursionError) as exc:
-        raise MalformedRequest(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
-    return request_to_rows(request)
+        raise MalformedRequest(f"not an OTLP {shape.request.__name__}: {exc}") from None
 
 
 def decode_json(body: bytes | bytearray | str) -> Conversion:
     """An OTLP/JSON ``ExportTraceServiceRequest``: an HTTP body, or a line of a Collector file."""
+    return json_to_rows(loads(body))
+
+
+def loads(body: bytes | bytearray | str) -> Any:
+    """``json.loads``, with MalformedRequest for what is not JSON."""
     try:
-        obj = json.loads(body)
+        return json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise MalformedRequest(f"not JSON: {exc}") from None
-    return json_to_rows(obj)
 
 
 def json_to_rows(obj: Any) -> Conversion:
     """An OTLP/JSON request already parsed by ``json.loads``."""
-    request, rejected = parse_json_request(obj)
+    request, rejected = parse_json_request(obj, SPANS)
     out = request_to_rows(request)
     out.rejected[:0] = rejected
     return out
 
 
-def parse_json_request(obj: Any) -> tuple[ExportTraceServiceRequest, list[dict[str, Any]]]:
-    """OTLP/JSON -> the protobuf request, plus quarantine records for spans that would not parse.
+def parse_json_request(obj: Any, shape: Shape) -> tuple[Any, list[dict[str, Any]]]:
+    """OTLP/JSON -> the protobuf request, plus quarantine records for items that would not parse.
 
-    Spans are parsed one by one (after hex ids become base64) so a bad one is rejected alone;
-    anything wrong outside the spans makes the whole request MalformedRequest.
+    Items are parsed one by one (after hex ids become base64) so a bad one is rejected alone;
+    anything wrong outside the items makes the whole request MalformedRequest.
     """
     if not isinstance(obj, dict):
         raise MalformedRequest(f"an OTLP/JSON request is a JSON object, got {type(obj).__name__}")
-    request = ExportTraceServiceRequest()
+    request = shape.request()
     rejected: list[dict[str, Any]] = []
-    for rs in _items(obj, "resourceSpans", "resource_spans"):
-        scopes = _items(rs, "scopeSpans", "scope_spans", "instrumentationLibrarySpans")
-        pb_rs = request.resource_spans.add()
-        _parse({k: v for k, v in rs.items() if k not in _SCOPE_SPANS_KEYS}, pb_rs)
-        for ss in scopes:
-            spans = _items(ss, "spans")
+    resource_field, scope_field, item_field = shape.fields
+    for group in _items(obj, *shape.resource_keys):
+        scopes = _items(group, *shape.scope_keys)
+        pb_group = getattr(request, resource_field).add()
+        _parse({k: v for k, v in group.items() if k not in shape.scope_keys}, pb_group)
+        for scoped in scopes:
+            items = _items(scoped, *shape.item_keys)
             # OTLP before InstrumentationScope (old Collector files) said instrumentationLibrary
-            legacy = {"scope": ss["instrumentationLibrary"]} \
-                if "instrumentationLibrary" in ss else {}
-            pb_ss: ScopeSpans = pb_rs.scope_spans.add()
-            _parse({**{k: v for k, v in ss.items() if k != "spans"}, **legacy}, pb_ss)
-            for span in spans:
+            legacy = {"scope": scoped["instrumentationLibrary"]} \
+                if "instrumentationLibrary" in scoped else {}
+            pb_scoped = getattr(pb_group, scope_field).add()
+            _parse({**{k: v for k, v in scoped.items()
+                       if k not in (*shape.item_keys, "instrumentationLibrary")}, **legacy},
+                   pb_scoped)
+            for item in items:
                 try:
-                    parsed = Span()
-                    json_format.ParseDict(_ids_to_base64(span), parsed, ignore_unknown_fields=True)
+                    parsed = shape.item()
+                    json_format.ParseDict(_ids_to_base64(item, shape), parsed,
+                                          ignore_unknown_fields=True)
                 except Exception as exc:
-                    rejected.append(_record(f"span not parsable: {exc}", span, rs.get("resource"),
-                                            ss.get("scope", legacy.get("scope"))))
+                    rejected.append(_record(shape, f"{shape.noun} not parsable: {exc}", item,
+                                            group.get("resource"),
+                                            scoped.get("scope", legacy.get("scope"))))
                     continue
-                pb_ss.spans.append(parsed)
+                getattr(pb_scoped, item_field).append(parsed)
     return request, rejected
-
-
-_SCOPE_SPANS_KEYS = ("scopeSpans", "scope_spans", "instrumentationLibrarySpans")
 
 
 def _items(obj: Any, *keys: str) -> list[Any]:
@@ -254,17 +297,15 @@ def _parse(obj: dict[str, Any], message: Any) -> None:
         raise MalformedRequest(f"not OTLP/JSON: {exc}") from None
 
 
-_ID_KEYS = ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id")
-
-
-def _ids_to_base64(span: Any) -> dict[str, Any]:
-    """OTLP/JSON span (hex ids) -> proto3 JSON span (base64 ids), links included."""
-    if not isinstance(span, dict):
-        raise ValueError(f"a span is a JSON object, got {type(span).__name__}")
-    fixed = {k: _hex_to_base64(k, v) if k in _ID_KEYS else v for k, v in span.items()}
+def _ids_to_base64(item: Any, shape: Shape) -> dict[str, Any]:
+    """OTLP/JSON item (hex ids) -> proto3 JSON item (base64 ids), links included."""
+    if not isinstance(item, dict):
+        raise ValueError(f"a {shape.noun} is a JSON object, got {type(item).__name__}")
+    keys = shape.id_keys
+    fixed = {k: _hex_to_base64(k, v) if k in keys else v for k, v in item.items()}
     links = fixed.get("links")
-    if isinstance(links, list):
-        fixed["links"] = [{k: _hex_to_base64(k, v) if k in _ID_KEYS else v for k, v in link.items()}
+    if shape.links and isinstance(links, list):
+        fixed["links"] = [{k: _hex_to_base64(k, v) if k in keys else v for k, v in link.items()}
                           if isinstance(link, dict) else link for link in links]
     return fixed
 
@@ -280,9 +321,10 @@ def _message_json(message: Any) -> dict[str, Any]:
     return json_format.MessageToDict(message, use_integers_for_enums=True)
 
 
-def span_json(span: Span) -> dict[str, Any]:
-    """A span as OTLP/JSON (hex ids, enums as ints), as the Collector's file exporter writes it."""
-    obj = _message_json(span)
+def otlp_json(item: Any) -> dict[str, Any]:
+    """A span or log record as OTLP/JSON (hex ids, enums as ints), as the Collector's file
+    exporter writes it."""
+    obj = _message_json(item)
     for holder in (obj, *obj.get("links", ())):
         for key in ("traceId", "spanId", "parentSpanId"):
             if key in holder:
@@ -297,5 +339,6 @@ def _base64_to_hex(value: str) -> str:
         return value
 
 
-def _record(error: str, span: Any, resource: Any, scope: Any) -> dict[str, Any]:
-    return {"error": error, "span": span, "resource": resource, "scope": scope}
+def _record(shape: Shape, error: str, item: Any, resource: Any, scope: Any) -> dict[str, Any]:
+    return {"error": error, shape.noun.replace(" ", "_"): item, "resource": resource,
+            "scope": scope}

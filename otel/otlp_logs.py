@@ -21,49 +21,43 @@ the score is for), and in OTLP/JSON a record that does not parse.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
-from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ScopeLogs
+from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
 from agl_bridge.capture import capture_messages
 from agl_bridge.otel.otlp import (
     Conversion,
-    MalformedRequest,
-    _base64_to_hex,
-    _hex_to_base64,
-    _items,
-    _message_json,
-    _parse,
+    Shape,
     _time,
     any_value,
     attributes,
+    convert,
+    loads,
+    parse_json_request,
+    parse_protobuf,
 )
 from agl_bridge.otel.rows import KEPT_EVENTS, event_name_of, event_row
 
-_ID_KEYS = ("traceId", "trace_id", "spanId", "span_id")
-_SCOPE_LOGS_KEYS = ("scopeLogs", "scope_logs", "instrumentationLibraryLogs")
-_RECORDS_KEYS = ("logRecords", "log_records", "logs")
+LOGS = Shape(ExportLogsServiceRequest, LogRecord, ("resource_logs", "scope_logs", "log_records"),
+             ("resourceLogs", "resource_logs"),
+             ("scopeLogs", "scope_logs", "instrumentationLibraryLogs"),
+             ("logRecords", "log_records", "logs"), ("traceId", "trace_id", "spanId", "span_id"),
+             "log record")
 
 
 @dataclass
 class LogConversion(Conversion):
     """Rows of the kept events, quarantine records, and how many records were ignored."""
 
-    ignored: int = 0
     noun: ClassVar[str] = "log record"
-
-    def extend(self, other: Conversion) -> None:
-        super().extend(other)
-        self.ignored += getattr(other, "ignored", 0)
 
     def counts(self) -> dict[str, int]:
         return {"log_records_written": len(self.rows),
@@ -107,101 +101,24 @@ def log_row(record: LogRecord, resource: Mapping[str, Any], scope_name: str | No
 
 def request_to_rows(request: ExportLogsServiceRequest) -> LogConversion:
     """Every kept event of a request as a row, or as a quarantine record if it cannot be one."""
-    out = LogConversion()
-    keep_text = capture_messages()  # AGL_BRIDGE_CAPTURE of this process, once per request
-    for resource_logs in request.resource_logs:
-        resource = attributes(resource_logs.resource.attributes)
-        for scope_logs in resource_logs.scope_logs:
-            scope_name = scope_logs.scope.name or None
-            for record in scope_logs.log_records:
-                try:
-                    row = log_row(record, resource, scope_name, keep_text=keep_text)
-                except ValueError as exc:
-                    out.rejected.append(_record(str(exc), log_json(record),
-                                                _message_json(resource_logs.resource),
-                                                _message_json(scope_logs.scope)))
-                    continue
-                if row is None:
-                    out.ignored += 1
-                else:
-                    out.rows.append(row)
-    return out
+    # AGL_BRIDGE_CAPTURE of this process, once per request
+    return convert(request, LOGS, partial(log_row, keep_text=capture_messages()),
+                   LogConversion())
 
 
 def decode_protobuf(body: bytes | bytearray) -> LogConversion:
     """An OTLP/protobuf ``ExportLogsServiceRequest`` body; MalformedRequest if it is not one."""
-    try:
-        request = ExportLogsServiceRequest.FromString(body)
-    except (DecodeError, RecursionError) as exc:
-        raise MalformedRequest(f"not an OTLP ExportLogsServiceRequest: {exc}") from None
-    return request_to_rows(request)
+    return request_to_rows(parse_protobuf(body, LOGS))
 
 
 def decode_json(body: bytes | bytearray | str) -> LogConversion:
     """An OTLP/JSON ``ExportLogsServiceRequest``: an HTTP body, or a line of a Collector file."""
-    try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise MalformedRequest(f"not JSON: {exc}") from None
-    return json_to_rows(obj)
+    return json_to_rows(loads(body))
 
 
 def json_to_rows(obj: Any) -> LogConversion:
     """An OTLP/JSON logs request already parsed by ``json.loads``."""
-    request, rejected = parse_json_request(obj)
+    request, rejected = parse_json_request(obj, LOGS)
     out = request_to_rows(request)
     out.rejected[:0] = rejected
     return out
-
-
-def parse_json_request(obj: Any) -> tuple[ExportLogsServiceRequest, list[dict[str, Any]]]:
-    """OTLP/JSON -> the protobuf request, plus quarantine records for records that would not
-    parse (each is parsed alone, hex ids made base64 first); anything wrong outside the records
-    makes the whole request MalformedRequest."""
-    if not isinstance(obj, dict):
-        raise MalformedRequest(f"an OTLP/JSON request is a JSON object, got {type(obj).__name__}")
-    request = ExportLogsServiceRequest()
-    rejected: list[dict[str, Any]] = []
-    for rl in _items(obj, "resourceLogs", "resource_logs"):
-        scopes = _items(rl, *_SCOPE_LOGS_KEYS)
-        pb_rl = request.resource_logs.add()
-        _parse({k: v for k, v in rl.items() if k not in _SCOPE_LOGS_KEYS}, pb_rl)
-        for sl in scopes:
-            records = _items(sl, *_RECORDS_KEYS)
-            legacy = {"scope": sl["instrumentationLibrary"]} \
-                if "instrumentationLibrary" in sl else {}
-            pb_sl: ScopeLogs = pb_rl.scope_logs.add()
-            _parse({**{k: v for k, v in sl.items() if k not in (*_RECORDS_KEYS,
-                                                                "instrumentationLibrary")},
-                    **legacy}, pb_sl)
-            for record in records:
-                try:
-                    parsed = LogRecord()
-                    json_format.ParseDict(_ids_to_base64(record), parsed,
-                                          ignore_unknown_fields=True)
-                except Exception as exc:
-                    rejected.append(_record(f"log record not parsable: {exc}", record,
-                                            rl.get("resource"),
-                                            sl.get("scope", legacy.get("scope"))))
-                    continue
-                pb_sl.log_records.append(parsed)
-    return request, rejected
-
-
-def _ids_to_base64(record: Any) -> dict[str, Any]:
-    if not isinstance(record, dict):
-        raise ValueError(f"a log record is a JSON object, got {type(record).__name__}")
-    return {k: _hex_to_base64(k, v) if k in _ID_KEYS else v for k, v in record.items()}
-
-
-def log_json(record: LogRecord) -> dict[str, Any]:
-    """A log record as OTLP/JSON (hex ids), as the Collector's file exporter writes it."""
-    obj = _message_json(record)
-    for key in ("traceId", "spanId"):
-        if key in obj:
-            obj[key] = _base64_to_hex(obj[key])
-    return obj
-
-
-def _record(error: str, record: Any, resource: Any, scope: Any) -> dict[str, Any]:
-    return {"error": error, "log_record": record, "resource": resource, "scope": scope}
