@@ -24,7 +24,7 @@ from agl_bridge.trainer.rewards.terms import Coordination, Cost, Dag, Votes
 from agl_bridge.trainer.rewards.terms import dag as dag_term
 from agl_bridge.trainer.rewards.terms import votes as votes_term
 from agl_bridge.trainer.rewards.terms.coordination import NO_QUALITY
-from agl_bridge.trainer.rewards.terms.ratings import source
+from agl_bridge.trainer.rewards.terms.ratings import REWARDS, source
 from tests.factories import llm, reward, table
 
 
@@ -234,7 +234,7 @@ def test_best_rated_ties_and_no_ratings_reward_nobody():
     rows = [answer("e1", 1, "a"), answer("e1", 1, "b"), vote("e1", 5, "a", "a"),
             vote("e1", 6, "b", "a"), final("e1", 9, "a")]
     tie = {"e1": [evaluation("e1", 0.5, agent="a"), evaluation("e1", 0.5, agent="b")]}
-    judge = source({"rating": "evaluation:judge"}, "rating", "rewards", "rewards", "r")
+    judge = source({"rating": "evaluation:judge"}, "rating", REWARDS, "r")
     out = Votes(target="best_rated", rating=judge)(unit(rows), tie)
     assert out.rewards == [] and out.notes == {f"recipe votes: {votes_term.TIE}": 2}
     unrated = Votes(target="best_rated")(unit(rows))

@@ -13,12 +13,13 @@ unknown task) as notes, counted in the convert summary: never an exception on ba
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,13 @@ EPISODE_KEY = "episode_key"  # the column the converter adds: each row's episode
 # episode key -> the evaluations joined to it (feedback, judges), as the converter resolved them
 Evaluations = Mapping[str, Sequence[EvaluationReward]]
 NO_EVALUATIONS: Evaluations = {}
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
+# reads one key of a term's table: (table, key, default, where) -> value
+Reader = Callable[[Mapping[str, Any], str, Any, str], Any]
 
 
 class RecipeError(ValueError):
@@ -112,8 +120,26 @@ def check_keys(config: Mapping[str, Any], allowed: set[str], where: str) -> None
         raise RecipeError(f"{where}: unknown key(s) {unknown}; known: {known}")
 
 
-def weight(config: Mapping[str, Any], where: str) -> float:
-    return number(config, "weight", 1.0, where)
+def from_table(cls: type[T], config: Mapping[str, Any], where: str,
+               **special: Iterable[str] | Reader) -> T:
+    """A term from its TOML table: each of its constants (the dataclass fields but ``name`` and
+    ``columns``) as given, else the field's default, so a default is written once. An ``int``
+    field is a count, a ``float`` one a finite number; ``special`` names the others: the values
+    a string may take, or a function that reads the value (a ``ratings.Source``)."""
+    fields = [f for f in dataclasses.fields(cls) if f.name not in ("name", "columns")]
+    check_keys(config, {f.name for f in fields}, where)
+    values: dict[str, Any] = {}
+    for f in fields:
+        how, default = special.get(f.name), cast(Any, f.default)
+        if callable(how):
+            values[f.name] = how(config, f.name, default, where)
+        elif how is not None:
+            values[f.name] = choice(config, f.name, default, how, where)
+        elif isinstance(default, int):
+            values[f.name] = count(config, f.name, default, where)
+        else:
+            values[f.name] = number(config, f.name, default, where)
+    return cls(**values)
 
 
 # -- where a reward goes ------------------------------------------------------------------------

@@ -39,12 +39,8 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    check_keys,
-    choice,
-    count,
-    number,
+    from_table,
     team_reward,
-    weight,
 )
 from agl_bridge.trainer.rewards.terms.ratings import (
     REWARD_COLUMNS,
@@ -78,19 +74,8 @@ class Coordination:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str) -> Coordination:
-        check_keys(config, {"quality", "quality_weight", "consensus", "no_consensus",
-                            "consensus_rule", "free_rounds", "per_round", "per_token",
-                            "tokens"}, where)
-        return cls(source(config, "quality", "task", "task", where),
-                   number(config, "quality_weight", 2.0, where),
-                   number(config, "consensus", 1.0, where),
-                   number(config, "no_consensus", -0.5, where),
-                   choice(config, "consensus_rule", "majority", RULES, where),
-                   count(config, "free_rounds", 3, where),
-                   number(config, "per_round", -0.1, where),
-                   number(config, "per_token", -0.001, where),
-                   choice(config, "tokens", "input+output", TOKENS, where),
-                   weight(config, where))
+        return from_table(cls, config, where, quality=source, consensus_rule=RULES,
+                          tokens=TOKENS)
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

@@ -24,11 +24,8 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    check_keys,
-    choice,
+    from_table,
     local_rewards,
-    number,
-    weight,
 )
 from agl_bridge.trainer.rewards.terms.spans import TOKENS, arr, call_tokens, is_chat
 
@@ -48,10 +45,7 @@ class Cost:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str) -> Cost:
-        check_keys(config, {"per_token", "per_second", "tokens"}, where)
-        return cls(number(config, "per_token", -0.001, where),
-                   number(config, "per_second", 0.0, where),
-                   choice(config, "tokens", "input+output", TOKENS, where), weight(config, where))
+        return from_table(cls, config, where, tokens=TOKENS)
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

@@ -41,12 +41,9 @@ from agl_bridge.trainer.rewards.terms.base import (
     Derived,
     Evaluations,
     RecipeReward,
-    check_keys,
-    choice,
+    from_table,
     local_reward,
-    number,
     team_reward,
-    weight,
 )
 from agl_bridge.trainer.rewards.terms.spans import attributes, chats, named
 
@@ -109,15 +106,7 @@ class Dag:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str) -> Dag:
-        check_keys(config, {"success", "failure", "retry", "downstream", "efficiency",
-                            "workflow", "scope"}, where)
-        return cls(number(config, "success", 1.0, where), number(config, "failure", -0.5, where),
-                   number(config, "retry", -0.1, where),
-                   number(config, "downstream", 0.5, where),
-                   number(config, "efficiency", 0.0, where),
-                   number(config, "workflow", 1.0, where),
-                   choice(config, "scope", sc.RewardScope.AGENT, SCOPES, where),
-                   weight(config, where))
+        return from_table(cls, config, where, scope=SCOPES)
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

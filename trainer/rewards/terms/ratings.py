@@ -51,9 +51,10 @@ TASK = Source("task")  # quality: the episode's team reward
 REWARDS = Source("rewards")  # rating: the agent's rewards and evaluations
 
 
-def source(config: Mapping[str, Any], key: str, default: str, plain: str, where: str) -> Source:
-    """``plain`` (``task`` or ``rewards``) or ``evaluation:NAME``."""
-    value = config.get(key, default)
+def source(config: Mapping[str, Any], key: str, default: Source, where: str) -> Source:
+    """The default's kind (``task`` or ``rewards``) or ``evaluation:NAME``."""
+    value = config.get(key, str(default))
+    plain = default.kind
     if value == plain:
         return Source(plain)
     if isinstance(value, str) and value.startswith(EVALUATION_PREFIX) and \

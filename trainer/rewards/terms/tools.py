@@ -15,10 +15,8 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    check_keys,
+    from_table,
     local_reward,
-    number,
-    weight,
 )
 
 
@@ -35,9 +33,7 @@ class ToolFailure:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str) -> ToolFailure:
-        check_keys(config, {"penalty", "success"}, where)
-        return cls(number(config, "penalty", -0.2, where), number(config, "success", 0.0, where),
-                   weight(config, where))
+        return from_table(cls, config, where)
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         tools = spans.select([EPISODE_KEY, "status_code", "agent_name", "turn_index"]).filter(

@@ -34,11 +34,8 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    check_keys,
-    choice,
+    from_table,
     local_reward,
-    number,
-    weight,
 )
 from agl_bridge.trainer.rewards.terms.ratings import (
     REWARD_COLUMNS,
@@ -74,10 +71,7 @@ class Votes:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], where: str) -> Votes:
-        check_keys(config, {"target", "correct", "wrong", "rating"}, where)
-        return cls(choice(config, "target", "selected", TARGETS, where),
-                   number(config, "correct", 1.0, where), number(config, "wrong", -0.5, where),
-                   source(config, "rating", "rewards", "rewards", where), weight(config, where))
+        return from_table(cls, config, where, target=TARGETS, rating=source)
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()
