@@ -140,15 +140,10 @@ class SpanParquetWriter:
 
     # -- writing ----------------------------------------------------------------------------
     def write_rows(self, rows: Sequence[dict[str, Any]]) -> None:
-        if not rows:
-            return
         by_partition: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
             by_partition.setdefault(_partition(row), []).append(row)
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"writer for {self.directory} is closed")
-            self._append({p: rows_to_table(r) for p, r in by_partition.items()})
+        self.write_tables({p: rows_to_table(r) for p, r in by_partition.items()})
 
     def write_tables(self, tables: dict[str, pa.Table]) -> None:
         """Append Arrow tables of ``SPAN_SCHEMA`` rows, keyed by partition (``rows.partition_of``;
@@ -158,12 +153,9 @@ class SpanParquetWriter:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"writer for {self.directory} is closed")
-            self._append(tables)
-
-    def _append(self, tables: dict[str, pa.Table]) -> None:
-        """Caller holds the lock."""
-        for partition, table in tables.items():
-            if table.num_rows:
+            for partition, table in tables.items():
+                if not table.num_rows:
+                    continue
                 log = self._logs.get(partition) or self._open(partition)
                 try:
                     log.file.append(table)

@@ -171,8 +171,7 @@ class OTLPReceiver:
                 _ExportService(self, path).Export, response_serializer=_serialize)
             server.add_generic_rpc_handlers(
                 (grpc.method_handlers_generic_handler(service, {"Export": handler}),))
-        address = f"[{self.host}]:{self.grpc_port}" if ":" in self.host else \
-            f"{self.host}:{self.grpc_port}"
+        address = self._address(self.grpc_port)
         try:
             port = server.add_insecure_port(address)
         except RuntimeError:
@@ -208,12 +207,14 @@ class OTLPReceiver:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _address(self, port: int | None) -> str:
+        return f"[{self.host}]:{port}" if ":" in self.host else f"{self.host}:{port}"
+
     @property
     def http_endpoint(self) -> str | None:
         if self._http is None:
             return None
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.http_port}{TRACES_PATH}"
+        return f"http://{self._address(self.http_port)}{TRACES_PATH}"
 
     @property
     def logs_endpoint(self) -> str | None:
@@ -223,10 +224,7 @@ class OTLPReceiver:
 
     @property
     def grpc_endpoint(self) -> str | None:
-        if self._grpc is None:
-            return None
-        return f"[{self.host}]:{self.grpc_port}" if ":" in self.host else \
-            f"{self.host}:{self.grpc_port}"
+        return None if self._grpc is None else self._address(self.grpc_port)
 
     # -- shared by both protocols ------------------------------------------------------------
     def _authorized(self, authorization: str | None) -> bool:

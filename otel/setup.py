@@ -89,10 +89,6 @@ def exporter_names_from_env() -> list[str]:
     return [n for n in names if n != "none"]
 
 
-def exporters_from_env() -> list[SpanExporter]:
-    return [_MAKERS[n]() for n in exporter_names_from_env()]
-
-
 def _add_scope_processor(provider: TracerProvider) -> None:
     """Once per provider: the scope goes onto spans other libraries start, too."""
     if not getattr(provider, "_agl_bridge_scope_processor", False):

@@ -40,11 +40,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from agl_bridge.otel.attributes import FloatList, IntList, attribute_dict
 from agl_bridge.otel.rows import (
+    _DAY_NS,
     _INT32_MAX,
     _INT32_MIN,
     _INT64_MAX,
     _INT64_MIN,
     _fit,
+    _plain,
     partition_of,
     rows_to_table,
     span_to_row,
@@ -69,7 +71,8 @@ def _json(obj: Any) -> str:
     if _json_c is None or type(obj) is str:  # pragma: no cover - CPython has the C encoder
         return _ENCODER.encode(obj)
     return "".join(_json_c(obj, 0))
-_DAY_NS = 86_400 * 10**9
+
+
 _TO_BYTES: Any = int.to_bytes  # (id, width, "big")
 
 
@@ -323,10 +326,6 @@ def _rest_json(attrs: dict[str, Any], whole: list[str], some: list[str]) -> str 
             rest = attrs.copy()
         del rest[k]
     return _json(rest) if rest else None
-
-
-def _plain(attrs: Any) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in (attrs or {}).items()}
 
 
 def _events_json(span: ReadableSpan) -> str | None:

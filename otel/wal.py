@@ -103,18 +103,12 @@ class LogFile:
             self.close()
             raise
 
-    @property
-    def closed(self) -> bool:
-        return self._fd is None
-
-    def append(self, table: pa.Table) -> int:
-        """Append ``table``'s batches; durable on return. Returns the bytes added."""
+    def append(self, table: pa.Table) -> None:
+        """Append ``table``'s batches; durable on return."""
         if self._fd is None:
             raise ValueError(f"log {self.path} is closed")
-        before = self.size
         self.size = append_durably(self._fd, self.size,
                                    [b.serialize() for b in table.to_batches()])
-        return self.size - before
 
     def close(self) -> None:
         if self._fd is not None:
@@ -122,13 +116,12 @@ class LogFile:
             os.close(fd)
 
 
-def iter_log(path: Path, schema: pa.Schema, *, memory_pool: pa.MemoryPool | None = None
-             ) -> Iterator[pa.RecordBatch]:
+def iter_log(path: Path, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The whole batches of a log its writer closed, read one at a time, so memory holds one
     batch, not the file. A torn last batch (an append whose cut-back failed) ends the log, as
     in ``read_log``, and is logged; an I/O error raises (rotation retries, or ``recover``)."""
     with pa.OSFile(str(path)) as f:
-        reader = pa.ipc.open_stream(f, memory_pool=memory_pool)
+        reader = pa.ipc.open_stream(f)
         _partition_of(reader.schema)
         while True:
             try:
@@ -157,22 +150,19 @@ class LogContents:
     cut: str | None = None  # why reading stopped before the end: a torn last batch
 
 
-def read_log(path: Path, *, memory_map: bool = False) -> LogContents:
+def read_log(path: Path) -> LogContents:
     """Every whole batch of a log. Raises ``UnreadableLog`` when the file cannot be read at
     all or is not a log; a torn last batch (a kill mid-append) is not an error: ``cut``.
 
-    Recovery reads the bytes with ``read`` (an I/O error is then an exception, which a
-    memory map would turn into SIGBUS); the writer maps its own, just-closed logs.
+    The bytes are read with ``read``, not mapped: an I/O error is then an exception, which a
+    memory map would turn into SIGBUS.
     """
     try:
-        if memory_map:
-            source: pa.NativeFile | pa.Buffer = pa.memory_map(str(path))
-        else:
-            with open(path, "rb") as f:
-                source = pa.py_buffer(f.read())
+        with open(path, "rb") as f:
+            source = pa.py_buffer(f.read())
     except OSError as exc:
         raise UnreadableLog(f"cannot read it: {exc.strerror or exc}") from exc
-    if (source.size() if memory_map else source.size) == 0:
+    if source.size == 0:
         return LogContents(None, None)
     try:
         reader = pa.ipc.open_stream(source)

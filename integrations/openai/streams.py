@@ -159,8 +159,13 @@ class StreamRecorder:
             span.end()
 
 
-class _EndsWhenCollected:
-    """A stream the caller drops unfinished still ends its span, when it is collected."""
+class _RecordingProxy(ObjectProxy):
+    """A stream with its recorder. One the caller drops unfinished still ends its span, when it
+    is collected."""
+
+    def __init__(self, wrapped: Any, recorder: StreamRecorder) -> None:
+        super().__init__(wrapped)
+        self._self_recorder = recorder
 
     def __del__(self) -> None:
         recorder = getattr(self, "_self_recorder", None)
@@ -171,12 +176,8 @@ class _EndsWhenCollected:
                 pass
 
 
-class StreamProxy(_EndsWhenCollected, ObjectProxy):
+class StreamProxy(_RecordingProxy):
     """The SDK's ``Stream`` as the caller knows it, recording each chunk on the span."""
-
-    def __init__(self, wrapped: Any, recorder: StreamRecorder) -> None:
-        super().__init__(wrapped)
-        self._self_recorder = recorder
 
     def __iter__(self):
         return self
@@ -214,12 +215,8 @@ class StreamProxy(_EndsWhenCollected, ObjectProxy):
             self._self_recorder.end()
 
 
-class AsyncStreamProxy(_EndsWhenCollected, ObjectProxy):
+class AsyncStreamProxy(_RecordingProxy):
     """The SDK's ``AsyncStream`` as the caller knows it, recording each chunk on the span."""
-
-    def __init__(self, wrapped: Any, recorder: StreamRecorder) -> None:
-        super().__init__(wrapped)
-        self._self_recorder = recorder
 
     def __aiter__(self):
         return self
