@@ -32,7 +32,7 @@ from agl_bridge.trainer.conversion.evaluations import (
     scan_files,
     scan_tables,
 )
-from agl_bridge.trainer.conversion.finish import finish_file, finish_table, needs_finish
+from agl_bridge.trainer.conversion.finish import finish_files, finish_table, needs_finish
 from agl_bridge.trainer.conversion.memory import short_lived_arrays
 from agl_bridge.trainer.conversion.partition import Part, check_part, rows_in_part
 from agl_bridge.trainer.conversion.sources import Source, otlp_json_files, read_spans, span_files
@@ -174,7 +174,7 @@ def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertCo
         if part is not None and part[1] > 1 and needs_finish(stats):
             out_path.unlink(missing_ok=True)  # some transitions fell back to one
             raise ValueError(_PART_BASELINE)
-        finish_file(out_path, cfg, stats)
+        finish_files([out_path], cfg, stats)
     return stats
 
 

@@ -10,7 +10,6 @@ transition has such a baseline (the default).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from agl_bridge.parquet_io import temp_path, writer_options
 from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.arrow import codes, lit, np_array, to_numpy
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
+from agl_bridge.trainer.conversion.streaming import transitions_file
 from agl_bridge.trainer.rewards.baselines import GROUP, global_advantages
 
 
@@ -56,10 +55,6 @@ def finish_table(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats) ->
     return table.set_column(i, TRANSITION_SCHEMA.field("advantage"), np_array(adv))
 
 
-def finish_file(path: Path, cfg: ConvertConfig, stats: ConversionStats) -> None:
-    finish_files([path], cfg, stats)
-
-
 def finish_files(paths: list[Path], cfg: ConvertConfig, stats: ConversionStats) -> None:
     """The global baselines over the rows of all ``paths`` together (the parts of one
     conversion), each file rewritten with its own slice of the advantages."""
@@ -77,24 +72,14 @@ def finish_files(paths: list[Path], cfg: ConvertConfig, stats: ConversionStats) 
 
 
 def _rewrite(path: Path, adv: np.ndarray) -> None:
-    tmp = temp_path(path)  # never matches *.parquet: readers skip it
     i = TRANSITION_SCHEMA.get_field_index("advantage")
-    try:
-        pf = pq.ParquetFile(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            with pq.ParquetWriter(f, TRANSITION_SCHEMA,
-                                  **writer_options(TRANSITION_SCHEMA)) as writer:
-                start = 0
-                for g in range(pf.num_row_groups):
-                    part = pf.read_row_group(g)
-                    n = part.num_rows
-                    part = part.set_column(i, TRANSITION_SCHEMA.field("advantage"),
-                                           np_array(adv[start:start + n]))
-                    writer.write_table(part)
-                    start += n
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    pf = pq.ParquetFile(path)
+    with transitions_file(path) as writer:
+        start = 0
+        for g in range(pf.num_row_groups):
+            part = pf.read_row_group(g)
+            n = part.num_rows
+            part = part.set_column(i, TRANSITION_SCHEMA.field("advantage"),
+                                   np_array(adv[start:start + n]))
+            writer.write_table(part)
+            start += n

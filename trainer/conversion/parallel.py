@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from agl_bridge.parquet_io import pid_alive
 from agl_bridge.trainer.conversion.config import ConversionStats, ConvertConfig
 from agl_bridge.trainer.conversion.finish import finish_files
 from agl_bridge.trainer.conversion.sources import Source
@@ -109,7 +110,7 @@ def recover(out: Path) -> list[str]:
     for kind in ("old", "tmp"):  # the previous output first: it is what ``out`` was
         for p in sorted(out.parent.glob(f".{glob.escape(out.name)}.{kind}-*")):
             m = re.fullmatch(rf"\.{re.escape(out.name)}\.{kind}-(\d+)-[0-9a-f]+", p.name)
-            if m is None or _alive(int(m.group(1))):
+            if m is None or pid_alive(int(m.group(1))):
                 continue
             if kind == "old" and not out.exists():
                 p.rename(out)
@@ -118,16 +119,6 @@ def recover(out: Path) -> list[str]:
                 shutil.rmtree(p, ignore_errors=True)
                 done.append(f"removed {p.name}")
     return done
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _replace_dir(new: Path, out: Path) -> None:

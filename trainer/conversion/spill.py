@@ -9,7 +9,6 @@ of one task), so every group is converted whole; memory follows the largest buck
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import tempfile
 import zlib
@@ -20,13 +19,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from agl_bridge.parquet_io import temp_path, writer_options
-from agl_bridge.schema import TRANSITION_SCHEMA
+from agl_bridge.parquet_io import writer_options
 from agl_bridge.trainer.arrow import arr
 from agl_bridge.trainer.conversion.columns import episode_keys
 from agl_bridge.trainer.conversion.config import ConversionStats
 from agl_bridge.trainer.conversion.partition import Part, rows_in_part
 from agl_bridge.trainer.conversion.sources import read_tables, with_columns
+from agl_bridge.trainer.conversion.streaming import transitions_file
 
 Converter = Callable[[pa.Table], tuple[pa.Table, ConversionStats]]
 
@@ -87,18 +86,10 @@ def convert_spilled(files: Sequence[Path], out_path: Path, columns: Sequence[str
 def _convert_buckets(spill: Path, buckets: list[int], out_path: Path, convert: Converter,
                      stats: ConversionStats, progress: Callable[[int, int], None] | None
                      ) -> None:
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(out_path)  # never matches *.parquet: readers skip it
-    writer = pq.ParquetWriter(tmp, TRANSITION_SCHEMA, **writer_options(TRANSITION_SCHEMA))
-    try:
+    with transitions_file(out_path) as writer:
         for n, b in enumerate(buckets, 1):
             table, part = convert(pq.ParquetFile(spill / f"{b}.parquet").read())
             stats.merge(part)
             writer.write_table(table)
             if progress:
                 progress(n, len(buckets))
-        writer.close()
-        os.replace(tmp, out_path)
-    finally:
-        writer.close()
-        tmp.unlink(missing_ok=True)

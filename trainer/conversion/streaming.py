@@ -18,6 +18,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -340,6 +341,26 @@ def _read_ahead(plan: StreamPlan, columns: list[str], extra: Sequence[str] = ()
         thread.join()
 
 
+@contextmanager
+def transitions_file(path: Path) -> Iterator[pq.ParquetWriter]:
+    """A transitions Parquet writer whose file takes ``path``'s place, fsynced, only when the
+    block ends without an exception: ``path`` is always absent, the old file or the whole new
+    one. The temporary is owner-only and never matches *.parquet (readers skip it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            with pq.ParquetWriter(f, TRANSITION_SCHEMA,
+                                  **writer_options(TRANSITION_SCHEMA)) as writer:
+                yield writer
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: ConvertConfig,
                        columns: list[str], source: str,
                        progress: Callable[[int, int], None] | None,
@@ -350,9 +371,6 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
     reader thread one batch ahead, a writer thread one table behind). Memory: a few batches
     plus the held rows."""
     stats = ConversionStats()
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(out_path)  # never matches *.parquet: readers skip it
     pending: list[pa.Table] = []
     pending_rows = 0
     done_batches = 0
@@ -382,70 +400,55 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
         for path, _, unreadable in plan.files:
             if unreadable:
                 stats.notes[reasons.unreadable_file(path.name, unreadable)] += 1
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f, ThreadPoolExecutor(1, "agl-bridge-convert-write") as pool:
-            writer = pq.ParquetWriter(f, TRANSITION_SCHEMA, **writer_options(TRANSITION_SCHEMA))
-            try:
-                held: pa.Table | None = None  # rows of units still open, one chunk
-                held_done = np.zeros(0, np.int64)
-                for item in _read_ahead(plan, columns, cfg.extra_columns):
-                    if item[0] == "unreadable":
-                        stats.notes[reasons.unreadable_file(item[1].name, item[2])] += 1
-                        continue
-                    if item[0] == "read":
-                        stats.files += 1
-                        continue
-                    rows, start = item[2], item[3]
-                    end = start + rows.num_rows
-                    _, done, begun, mine = plan.lookup(episode_keys(rows), start, end)
-                    if not mine.all():  # another process converts the other parts' rows
-                        rows = rows.filter(np_array(mine))
-                        done, begun = done[mine], begun[mine]
-                    complete = done < end
-                    fresh = complete & ~begun  # units wholly in this batch: converted in place
-                    if fresh.any():
-                        convert(rows, None if fresh.all() else fresh, pool, writer)
-                    late = complete & begun  # units completed now, with rows held before
-                    held_complete = held_done < end
-                    parts = []
-                    if held is not None and held_complete.any():
-                        parts.append(held.filter(np_array(held_complete)))
-                    if late.any():
-                        parts.append(rows.filter(np_array(late)))
-                    if parts:
-                        convert(pa.concat_tables(parts).combine_chunks(), None, pool, writer)
-                    keep = []
-                    if held is not None and not held_complete.all():
-                        keep.append((held.filter(np_array(~held_complete)),
-                                     held_done[~held_complete]))
-                    if not complete.all():
-                        keep.append((rows.filter(np_array(~complete)), done[~complete]))
-                    held = (pa.concat_tables([k[0] for k in keep]).combine_chunks() if keep
-                            else None)
-                    held_done = (np.concatenate([k[1] for k in keep]) if keep
-                                 else np.zeros(0, np.int64))
-                    done_batches += 1
-                    if done_batches % _RELEASE_EVERY == 0:
-                        release_memory()
-                    if progress:
-                        progress(min(done_batches, plan.batches - 1), plan.batches)
-                if held is not None and held.num_rows:  # units cut short by an unreadable file
-                    convert(held, None, pool, writer)
-                flush(pool, writer)
-            finally:
-                try:
-                    while writes:  # never close the writer under a write in flight
-                        writes.pop(0).result()
-                finally:
-                    writer.close()
-            f.flush()
-            os.fsync(f.fileno())
+    # the pool is left first, so the writer never closes under a write in flight
+    with transitions_file(Path(out_path)) as writer, \
+            ThreadPoolExecutor(1, "agl-bridge-convert-write") as pool:
+        held: pa.Table | None = None  # rows of units still open, one chunk
+        held_done = np.zeros(0, np.int64)
+        for item in _read_ahead(plan, columns, cfg.extra_columns):
+            if item[0] == "unreadable":
+                stats.notes[reasons.unreadable_file(item[1].name, item[2])] += 1
+                continue
+            if item[0] == "read":
+                stats.files += 1
+                continue
+            rows, start = item[2], item[3]
+            end = start + rows.num_rows
+            _, done, begun, mine = plan.lookup(episode_keys(rows), start, end)
+            if not mine.all():  # another process converts the other parts' rows
+                rows = rows.filter(np_array(mine))
+                done, begun = done[mine], begun[mine]
+            complete = done < end
+            fresh = complete & ~begun  # units wholly in this batch: converted in place
+            if fresh.any():
+                convert(rows, None if fresh.all() else fresh, pool, writer)
+            late = complete & begun  # units completed now, with rows held before
+            held_complete = held_done < end
+            parts = []
+            if held is not None and held_complete.any():
+                parts.append(held.filter(np_array(held_complete)))
+            if late.any():
+                parts.append(rows.filter(np_array(late)))
+            if parts:
+                convert(pa.concat_tables(parts).combine_chunks(), None, pool, writer)
+            keep = []
+            if held is not None and not held_complete.all():
+                keep.append((held.filter(np_array(~held_complete)), held_done[~held_complete]))
+            if not complete.all():
+                keep.append((rows.filter(np_array(~complete)), done[~complete]))
+            held = pa.concat_tables([k[0] for k in keep]).combine_chunks() if keep else None
+            held_done = (np.concatenate([k[1] for k in keep]) if keep
+                         else np.zeros(0, np.int64))
+            done_batches += 1
+            if done_batches % _RELEASE_EVERY == 0:
+                release_memory()
+            if progress:
+                progress(min(done_batches, plan.batches - 1), plan.batches)
+        if held is not None and held.num_rows:  # units cut short by an unreadable file
+            convert(held, None, pool, writer)
+        flush(pool, writer)
+        while writes:
+            writes.pop(0).result()
         if progress:
             progress(plan.batches, plan.batches)
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return stats
-
-

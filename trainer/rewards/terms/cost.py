@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from agl_bridge.trainer.arrow import arr
 from agl_bridge.trainer.rewards.terms.base import (
     EPISODE_KEY,
     NO_EVALUATIONS,
@@ -27,7 +28,7 @@ from agl_bridge.trainer.rewards.terms.base import (
     from_table,
     local_rewards,
 )
-from agl_bridge.trainer.rewards.terms.spans import TOKENS, arr, call_tokens, is_chat
+from agl_bridge.trainer.rewards.terms.spans import TOKENS, call_tokens, is_chat
 
 NO_END = "LLM call without an end time (latency 0)"
 

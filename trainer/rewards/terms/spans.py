@@ -22,11 +22,6 @@ from agl_bridge.trainer.arrow import lit, to_numpy
 TOKENS = ("input+output", "input", "output")  # which tokens a term counts
 
 
-def arr(column: pa.ChunkedArray) -> pa.Array:
-    """One column as one array (a unit's columns are single chunks: no copy then)."""
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-
-
 def named(spans: pa.Table, names: Sequence[str], columns: Sequence[str]) -> pa.Table:
     """``columns`` of the rows whose span name is one of ``names`` (only those columns are
     copied: a unit's token id lists and attributes are large)."""
