@@ -35,8 +35,7 @@ from agl_bridge.trainer.arrow import lit, np_array
 from agl_bridge.trainer.rewards.advantages import group_advantages
 from agl_bridge.trainer.rewards.credit import AdvantageUnit, Algorithm
 
-GROUP, BATCH, KEY = "group", "batch", "key"
-BATCH_PREFIX = "batch"
+GROUP, BATCH = "group", "batch"
 KEY_PREFIX = "key:"
 
 
@@ -61,22 +60,13 @@ def key_attribute(baseline: str) -> str:
     return baseline[len(KEY_PREFIX):]
 
 
-def is_global(group_id: str) -> bool:
-    """A group whose statistics span the whole output (computed in the last pass)."""
-    return group_id.startswith(BATCH_PREFIX + "|") or group_id.startswith(KEY_PREFIX)
-
-
-def _lit(s: str) -> pa.Scalar:
-    return lit(s)  # not pa.scalar: it imports pandas
-
-
 def _suffix(agent: pa.Array, turn: pa.Array, *, per_agent: bool) -> pa.Array:
     """``|agent:A|turn:N`` (``|agent:A`` with per-agent normalisation); None reads None."""
-    a = pc.fill_null(agent, _lit("None"))
+    a = pc.fill_null(agent, lit("None"))
     if per_agent:
-        return pc.binary_join_element_wise(_lit("|agent:"), a, _lit(""))
-    t = pc.fill_null(pc.cast(turn, pa.string()), _lit("None"))
-    return pc.binary_join_element_wise(_lit("|agent:"), a, _lit("|turn:"), t, _lit(""))
+        return pc.binary_join_element_wise(lit("|agent:"), a, lit(""))
+    t = pc.fill_null(pc.cast(turn, pa.string()), lit("None"))
+    return pc.binary_join_element_wise(lit("|agent:"), a, lit("|turn:"), t, lit(""))
 
 
 def task_group_ids(task: pa.Array, episode: pa.Array, agent: pa.Array, turn: pa.Array,
@@ -85,29 +75,28 @@ def task_group_ids(task: pa.Array, episode: pa.Array, agent: pa.Array, turn: pa.
     ``task:T``; per-agent: ``task:T|agent:A``. Without a task id the episode stands in
     (``episode:E``), which makes a group of one."""
     task_part = pc.if_else(pc.is_valid(task),
-                           pc.binary_join_element_wise(_lit("task:"), task, _lit("")),
-                           pc.binary_join_element_wise(_lit("episode:"), episode, _lit("")))
+                           pc.binary_join_element_wise(lit("task:"), task, lit("")),
+                           pc.binary_join_element_wise(lit("episode:"), episode, lit("")))
     if algorithm == "lightning_rl" and not per_agent:
         return task_part
     return pc.binary_join_element_wise(task_part, _suffix(agent, turn, per_agent=per_agent),
-                                       _lit(""))
+                                       lit(""))
 
 
 def batch_group_ids(agent: pa.Array, turn: pa.Array, *, per_agent: bool = False) -> pa.Array:
-    return pc.binary_join_element_wise(_lit(BATCH_PREFIX), _suffix(agent, turn,
-                                                                   per_agent=per_agent),
-                                       _lit(""))
+    return pc.binary_join_element_wise(lit(BATCH), _suffix(agent, turn, per_agent=per_agent),
+                                       lit(""))
 
 
 def key_group_ids(attribute: str, values: pa.Array, agent: pa.Array, turn: pa.Array,
                   algorithm: Algorithm, *, per_agent: bool = False) -> pa.Array:
     """``key:ATTRIBUTE=V|agent:A|turn:N`` (LightningRL: ``key:ATTRIBUTE=V``); null where the
     episode has no value."""
-    head = pc.binary_join_element_wise(_lit(f"{KEY_PREFIX}{attribute}="), values, _lit(""))
+    head = pc.binary_join_element_wise(lit(f"{KEY_PREFIX}{attribute}="), values, lit(""))
     if algorithm == "lightning_rl" and not per_agent:
         return head
     return pc.binary_join_element_wise(head, _suffix(agent, turn, per_agent=per_agent),
-                                       _lit(""))
+                                       lit(""))
 
 
 def choose(baselines: Sequence[str], candidates: Sequence[pa.Array],
@@ -169,19 +158,16 @@ def global_advantages(group_id: Sequence[str], reward: np.ndarray, episode: np.n
     whole output. (advantages, which transitions they are for, groups, groups without
     signal)."""
     ids = np.asarray(group_id, dtype=object)
-    is_batch = np.array([g.startswith(BATCH_PREFIX + "|") for g in ids], bool)
+    is_batch = np.array([g.startswith(BATCH + "|") for g in ids], bool)
     is_key = np.array([g.startswith(KEY_PREFIX) for g in ids], bool)
     out = np.zeros(len(ids), np.float64)
     groups = flat = 0
-    if is_batch.any():
-        sel = np.flatnonzero(is_batch)
-        codes = np.unique(ids[sel], return_inverse=True)[1].reshape(-1)
-        out[sel], g, z = group_advantages(reward[sel], codes, episode[sel], unit=unit,
-                                          scale=scale)
-        groups, flat = groups + g, flat + z
-    if is_key.any():
-        sel = np.flatnonzero(is_key)
-        codes = np.unique(ids[sel], return_inverse=True)[1].reshape(-1)
-        out[sel], g, z = loo_advantages(reward[sel], codes, scale=scale)
-        groups, flat = groups + g, flat + z
+    for which in (is_batch, is_key):
+        if which.any():
+            sel = np.flatnonzero(which)
+            codes = np.unique(ids[sel], return_inverse=True)[1].reshape(-1)
+            out[sel], g, z = (group_advantages(reward[sel], codes, episode[sel], unit=unit,
+                                               scale=scale) if which is is_batch
+                              else loo_advantages(reward[sel], codes, scale=scale))
+            groups, flat = groups + g, flat + z
     return out, is_batch | is_key, groups, flat

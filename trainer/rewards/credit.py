@@ -24,7 +24,6 @@ import numpy as np
 
 Algorithm = Literal["at_grpo", "lightning_rl"]
 AdvantageUnit = Literal["transition", "rollout"]
-ALGORITHMS: tuple[Algorithm, ...] = ("at_grpo", "lightning_rl")
 
 
 def discounted(team: np.ndarray, turn: np.ndarray, turn_valid: np.ndarray,

@@ -50,9 +50,7 @@ class VerdictError(ValueError):
     """A judge's answer that does not hold a usable verdict; the message says what is wrong."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Rubrics
-# ---------------------------------------------------------------------------------------------
+# -- rubrics ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Rubric:
     """What the judge scores for, and on which scale (``low`` worst, ``high`` best)."""
@@ -130,9 +128,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-# ---------------------------------------------------------------------------------------------
-# Episodes as the judge sees them, and groups
-# ---------------------------------------------------------------------------------------------
+# -- episodes as the judge sees them, and groups ---------------------------------------------------
 @dataclass(frozen=True)
 class EpisodeText:
     """One episode's text as lines (one message each), ready for a prompt."""
@@ -212,9 +208,7 @@ def cache_key(mode: str, model: str, rubric: Rubric, episodes: Iterable[EpisodeT
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-# ---------------------------------------------------------------------------------------------
-# Prompts
-# ---------------------------------------------------------------------------------------------
+# -- prompts ---------------------------------------------------------------------------------------
 def shorten(text: str, max_chars: int) -> str:
     """At most about ``max_chars``: the start and the end kept (the task and the outcome),
     the middle replaced by a note of how much was left out."""
@@ -315,9 +309,7 @@ def verdict_schema(mode: str, rubric: Rubric, n: int = 1) -> dict[str, Any]:
             "required": ["scores"], "additionalProperties": False}
 
 
-# ---------------------------------------------------------------------------------------------
-# Verdicts
-# ---------------------------------------------------------------------------------------------
+# -- verdicts --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Score:
     value: float
@@ -397,7 +389,7 @@ def parse_absolute(answer: str, rubric: Rubric) -> Score:
     return Score(_in_scale(found[0], rubric, "score"))
 
 
-def _entry_id(raw: Any, n: int) -> int | None:
+def _entry_id(raw: Any) -> int | None:
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
@@ -439,7 +431,7 @@ def parse_relative(answer: str, n: int, rubric: Rubric) -> list[Score]:
     share no scale with those of another request)."""
     got: dict[int, Score] = {}
     for raw, entry in _relative_entries(answer):
-        ident = _entry_id(raw, n)
+        ident = _entry_id(raw)
         if ident is None or not 1 <= ident <= n:
             raise VerdictError(f"unknown episode id {raw!r} (expected 1 to {n})")
         if ident in got:

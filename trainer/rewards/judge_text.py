@@ -64,20 +64,18 @@ def _part_text(part: Any, span: str) -> str:
         raise EpisodeTextError(f"span {span}: a message part is not an object: {part!r:.60}")
     kind = part.get("type")
     if kind == "text":
-        content = part.get("content")
-        return content if isinstance(content, str) else json.dumps(content)
+        return _text(part.get("content"))
     if kind == "reasoning":
-        content = part.get("content")
-        return f"[reasoning] {content if isinstance(content, str) else json.dumps(content)}"
+        return f"[reasoning] {_text(part.get('content'))}"
     if kind == "tool_call":
-        args = part.get("arguments")
-        args = args if isinstance(args, str) else json.dumps(args)
-        return f"[calls {part.get('name')}({args})]"
+        return f"[calls {part.get('name')}({_text(part.get('arguments'))})]"
     if kind == "tool_call_response":
-        response = part.get("response")
-        response = response if isinstance(response, str) else json.dumps(response)
-        return f"[result of {part.get('id')}] {response}"
+        return f"[result of {part.get('id')}] {_text(part.get('response'))}"
     return f"[{kind or 'unknown'} part]"
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def message_lines(messages: Any, agent: str | None, span: str, what: str) -> list[str]:
