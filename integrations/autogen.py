@@ -31,18 +31,14 @@ import logging
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from opentelemetry.instrumentation.utils import unwrap
-from wrapt import wrap_function_wrapper
 
 from agl_bridge import semconv as sc
-from agl_bridge._version import __version__
 from agl_bridge.errors import record_error
+from agl_bridge.integrations.instrumentor import Instrumentor
 from agl_bridge.otel.attributes import attribute_dict, set_scalars
 from agl_bridge.scope import (
     SCOPE_CONTEXT_KEY,
@@ -188,42 +184,24 @@ class _AgentTurn:
                 self._block.__exit__(exc_type, exc, tb)
 
 
-class AutoGenInstrumentor(BaseInstrumentor):
+class AutoGenInstrumentor(Instrumentor):
     """Scope, turns and coordination spans for autogen-agentchat 0.7 teams and agents."""
 
     hook_module = "autogen_agentchat"
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return ("autogen-agentchat >= 0.7, < 0.8",)
+    requires = ("autogen-agentchat >= 0.7, < 0.8",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        self._tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__,
-                                        kwargs.get("tracer_provider"))
+        self._tracer = self.tracer(kwargs)
         self._teams = _Registry()
-        wrap_function_wrapper(_CONTAINER, "trace_invoke_agent_span", self._invoke_agent)
-        wrap_function_wrapper(_BASE_AGENT, "trace_invoke_agent_span", self._invoke_agent)
-        wrap_function_wrapper(_BASE_TEAM, "BaseGroupChat.run_stream", self._run_stream)
-        wrap_function_wrapper(_BASE_MANAGER, "BaseGroupChatManager._signal_termination",
-                              self._termination)
-        self._patched_managers = []
+        self.wrap(_CONTAINER, "trace_invoke_agent_span", self._invoke_agent)
+        self.wrap(_BASE_AGENT, "trace_invoke_agent_span", self._invoke_agent)
+        self.wrap(_BASE_TEAM, "BaseGroupChat.run_stream", self._run_stream)
+        self.wrap(_BASE_MANAGER, "BaseGroupChatManager._signal_termination", self._termination)
         for module, cls, strategy in _MANAGERS:
             try:
-                wrap_function_wrapper(module, f"{cls}.select_speaker",
-                                      self._select_speaker(strategy))
-                self._patched_managers.append((module, cls))
+                self.wrap(module, f"{cls}.select_speaker", self._select_speaker(strategy))
             except (ImportError, AttributeError) as exc:  # a manager this release lacks
                 logger.info("agl_bridge: autogen %s.%s not instrumented: %s", module, cls, exc)
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        import importlib
-
-        unwrap(importlib.import_module(_CONTAINER), "trace_invoke_agent_span")
-        unwrap(importlib.import_module(_BASE_AGENT), "trace_invoke_agent_span")
-        unwrap(importlib.import_module(_BASE_TEAM).BaseGroupChat, "run_stream")
-        unwrap(importlib.import_module(_BASE_MANAGER).BaseGroupChatManager,
-               "_signal_termination")
-        for module, cls in self._patched_managers:
-            unwrap(getattr(importlib.import_module(module), cls), "select_speaker")
 
     # -- episodes: one team run ----------------------------------------------------------------
     def _run_stream(self, wrapped, instance, args, kwargs):

@@ -26,20 +26,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 from opentelemetry import trace
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.trace import Span, SpanKind
-from wrapt import wrap_function_wrapper
 
 from agl_bridge import semconv as sc
-from agl_bridge._version import __version__
 from agl_bridge.errors import record_error
+from agl_bridge.integrations.instrumentor import Instrumentor
 from agl_bridge.scope import (
     SCOPE_CONTEXT_KEY,
     attach_context,
@@ -285,22 +281,13 @@ def _inject(handler):
     return wrapper
 
 
-class LangChainInstrumentor(BaseInstrumentor):
+class LangChainInstrumentor(Instrumentor):
     """Traces LangChain runnables and LangGraph graphs through every callback manager."""
 
     hook_module = "langchain_core"
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return ("langchain-core >= 1.0, < 2",)
+    requires = ("langchain-core >= 1.0, < 2",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__,
-                                  kwargs.get("tracer_provider"))
-        self.handler = _handler_class()(tracer)
-        wrap_function_wrapper("langchain_core.callbacks.base", "BaseCallbackManager.__init__",
-                              _inject(self.handler))
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        from langchain_core.callbacks.base import BaseCallbackManager
-
-        unwrap(BaseCallbackManager, "__init__")
+        self.handler = _handler_class()(self.tracer(kwargs))
+        self.wrap("langchain_core.callbacks.base", "BaseCallbackManager.__init__",
+                  _inject(self.handler))

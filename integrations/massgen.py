@@ -26,15 +26,11 @@ import threading
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from opentelemetry.instrumentation.utils import unwrap
-from wrapt import wrap_function_wrapper
-
 from agl_bridge.coordination import final_selection, new_answer, restart, vote
+from agl_bridge.integrations.instrumentor import Instrumentor
 from agl_bridge.scope import current_scope, scoped
 
 logger = logging.getLogger(__name__)
@@ -110,28 +106,21 @@ def _round(session: _Session | None, agent: str | None) -> int | None:
         return None
 
 
-class MassGenInstrumentor(BaseInstrumentor):
+class MassGenInstrumentor(Instrumentor):
     """Agent scope for MassGen's model calls and its answers, votes, restarts and winner."""
 
     hook_module = "massgen"
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return ("massgen >= 0.1.90, < 0.2",)
+    requires = ("massgen >= 0.1.90, < 0.2",)
 
     def _instrument(self, **kwargs: Any) -> None:
         self._sessions = _Sessions()
-        self._wrapped: list[tuple[Any, str]] = []
-        tracker_cls = importlib.import_module(_TRACKER).CoordinationTracker
         for method, wrapper in (("__init__", self._tracker_init),
                                 ("add_agent_answer", self._answer),
                                 ("add_agent_vote", self._vote),
                                 ("track_restart_signal", self._restart),
                                 ("set_final_agent", self._final)):
-            wrap_function_wrapper(tracker_cls, method, wrapper)
-            self._wrapped.append((tracker_cls, method))
-        orchestrator_cls = importlib.import_module(_ORCHESTRATOR).Orchestrator
-        wrap_function_wrapper(orchestrator_cls, "__init__", self._orchestrator_init)
-        self._wrapped.append((orchestrator_cls, "__init__"))
+            self.wrap(_TRACKER, f"CoordinationTracker.{method}", wrapper)
+        self.wrap(_ORCHESTRATOR, "Orchestrator.__init__", self._orchestrator_init)
         for module, name in _BACKENDS:
             try:
                 cls = getattr(importlib.import_module(module), name)
@@ -140,13 +129,7 @@ class MassGenInstrumentor(BaseInstrumentor):
                             module, name, exc)
                 continue
             if "stream_with_tools" in vars(cls):  # only classes that define it themselves
-                wrap_function_wrapper(cls, "stream_with_tools", self._stream_with_tools)
-                self._wrapped.append((cls, "stream_with_tools"))
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        for cls, method in self._wrapped:
-            unwrap(cls, method)
-        self._wrapped = []
+                self.wrap(cls, "stream_with_tools", self._stream_with_tools)
 
     # -- runs ------------------------------------------------------------------------------
     def _tracker_init(self, wrapped, instance, args, kwargs):

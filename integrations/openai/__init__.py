@@ -35,14 +35,9 @@ tracing, so it stays on until ``disable_routing()``. ``enable_routing``, ``disab
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-
-from agl_bridge import semconv as sc
-from agl_bridge._version import __version__
+from agl_bridge.integrations.instrumentor import Instrumentor
 
 from . import patch, raw
 from .probe import ServerProbe
@@ -53,7 +48,7 @@ __all__ = ["MODES", "TOKEN_IDS_ENV", "OpenAIInstrumentor", "RoutingInstrumentor"
            "disable_routing", "enable_routing", "routing_enabled"]
 
 
-class OpenAIInstrumentor(BaseInstrumentor):
+class OpenAIInstrumentor(Instrumentor):
     """Traces ``chat.completions.create`` of ``openai.OpenAI`` and ``openai.AsyncOpenAI``.
 
     ``instrument(token_ids="auto" | "always" | "never")``: ask for vLLM token ids when the probe
@@ -63,19 +58,14 @@ class OpenAIInstrumentor(BaseInstrumentor):
 
     # AGL_BRIDGE_AUTO instruments when this module is first imported, not at start-up
     hook_module = "openai"
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return ("openai >= 1.40",)
-
+    requires = ("openai >= 1.40",)
     _tracing: ChatTracing | None = None
 
     def _instrument(self, **kwargs: Any) -> None:
         from openai import AsyncStream, Stream
 
-        tracer = trace.get_tracer(sc.INSTRUMENTATION_SCOPE, __version__,
-                                  kwargs.get("tracer_provider"))
         mode = kwargs.get("token_ids") or os.environ.get(TOKEN_IDS_ENV, "auto")
-        self._tracing = ChatTracing(tracer, mode, kwargs.get("probe") or ServerProbe(),
+        self._tracing = ChatTracing(self.tracer(kwargs), mode, kwargs.get("probe") or ServerProbe(),
                                     (Stream, AsyncStream))
         if kwargs.get("routing", True):
             enable_routing()
@@ -96,15 +86,13 @@ class OpenAIInstrumentor(BaseInstrumentor):
         return tracing.probe if tracing is not None else None
 
 
-class RoutingInstrumentor(BaseInstrumentor):
+class RoutingInstrumentor(Instrumentor):
     """Alias routing alone (entry point ``agl_bridge_routing``): for a process that disables
     the tracing instrumentor (``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=agl_bridge_openai``) yet
     must follow hot-swaps. Tracing, if on, is unaffected."""
 
     hook_module = "openai"
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return ("openai >= 1.40",)
+    requires = OpenAIInstrumentor.requires
 
     def _instrument(self, **kwargs: Any) -> None:
         enable_routing()
