@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from agl_bridge import semconv as sc
+from agl_bridge.schema import SPAN_SCHEMA
 from agl_bridge.trainer.loop.team import TeamRun, run_team
 
 REPLAY_PREFIX = "replay:"
@@ -114,7 +115,7 @@ def read_replay_spans(source: str | Path | Sequence[str | Path],
                "start_time_unix_nano", "attributes", "evaluation_name", "evaluation_target"]
     if field_name and field_name not in columns:
         columns.append(field_name)
-    table = read_spans(source, columns=[c for c in columns if c in _schema_names()])
+    table = read_spans(source, columns=[c for c in columns if c in SPAN_SCHEMA.names])
     return table.filter(pc.invert(is_evaluation(table)))
 
 
@@ -131,9 +132,3 @@ def replay(spans_dir: str | Path, command: str | Sequence[str], out_dir: Path, *
     run = run_team(command, inputs.tasks, out_dir, base_url=base_url, aliases=aliases,
                    rollouts=k, temperature=temperature, service="replay")
     return inputs, run
-
-
-def _schema_names() -> list[str]:
-    from agl_bridge.schema import SPAN_SCHEMA
-
-    return SPAN_SCHEMA.names

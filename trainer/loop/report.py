@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agl_bridge.trainer.loop.gate import Z95
 from agl_bridge.trainer.training.report import (
     figure,
     img,
@@ -24,8 +25,6 @@ from agl_bridge.trainer.training.report import (
     table,
     write_page,
 )
-
-Z95 = 1.959964
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> dict[str, float]:

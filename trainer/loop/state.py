@@ -23,8 +23,7 @@ class LoopState:
     """``<workdir>/state.json``. ``data`` holds ``settings``, ``rounds`` (one record per
     finished round), ``seconds`` (per stage), ``resumed`` (how often), and what the stages add."""
 
-    def __init__(self, workdir: Path, settings: dict[str, Any], fresh: bool,
-                 budget: tuple[str, ...] = BUDGET) -> None:
+    def __init__(self, workdir: Path, settings: dict[str, Any], fresh: bool) -> None:
         self.path = workdir / STATE_FILE
         if fresh and workdir.exists():
             shutil.rmtree(workdir)
@@ -37,13 +36,13 @@ class LoopState:
                                  "or another workdir") from None
             # compared as dotted paths, so a refusal names ``train.lora_r``, not ``train``
             old = {k: v for k, v in paths_values(self.data["settings"]).items()
-                   if k not in budget}
-            new = {k: v for k, v in paths_values(settings).items() if k not in budget}
+                   if k not in BUDGET}
+            new = {k: v for k, v in paths_values(settings).items() if k not in BUDGET}
             if old != new:
                 changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
                 raise SystemExit(f"{self.path} was made with other settings ({', '.join(changed)}"
                                  "); use --fresh to start over or another workdir")
-            self.data["settings"].update({k: settings[k] for k in budget if k in settings})
+            self.data["settings"].update({k: settings[k] for k in BUDGET if k in settings})
             self.data["resumed"] = self.data.get("resumed", 0) + 1
         else:
             self.data = {"settings": settings, "rounds": [], "seconds": {}, "resumed": 0}

@@ -146,26 +146,25 @@ class Publisher:
     def live(self, alias: str) -> str | None:
         return self.store.read_aliases().get(alias)
 
-    def _load_everywhere(self, name: str, directory: Path) -> None:
-        load_and_probe(self.servers, name, directory, self.timeout_s)
-
-    def _pin(self, alias: str, name: str, directory: Path, *, new: bool) -> None:
+    def _pin(self, alias: str, name: str, directory: Path | None) -> Path:
         """Record ``name`` as ``loading`` before loading it anywhere: the collector leaves it
-        alone, and if this process dies the record lets the collector unload it later."""
+        alone, and if this process dies the record lets the collector unload it later.
+        ``directory`` None: a version published before (a rollback). Returns its directory."""
         with self.store.transaction() as st:
             v = st.find(alias, name)
             if v is None:
-                if not new:
+                if directory is None:
                     known = ", ".join(x.name for x in st.history.get(alias, [])) or "none"
                     raise PublishError(f"{name} was never published (published: {known})")
                 v = Version(name, str(directory), time.time(), state="loading")
                 st.history.setdefault(alias, []).append(v)
-            elif v.directory != str(directory):
+            elif directory is not None and v.directory != str(directory):
                 # a server answers "already loaded" for the name and keeps the old weights
                 raise PublishError(f"{name} was published from {v.directory}; publishing "
                                    f"{directory} under the same name would serve the old one")
             if v.state != "live":
                 v.state, v.pinned_unix = "loading", time.time()
+            return Path(v.directory)
 
     def _unpin(self, alias: str, name: str) -> None:
         """A load that failed: the version is retired (the collector unloads whatever part of
@@ -175,9 +174,9 @@ class Publisher:
             if v is not None and v.state == "loading":
                 v.state, v.retired_unix, v.pinned_unix = "retired", time.time(), None
 
-    def _loaded(self, alias: str, name: str, directory: Path) -> None:
+    def _load(self, alias: str, name: str, directory: Path) -> None:
         try:
-            self._load_everywhere(name, directory)
+            load_and_probe(self.servers, name, directory, self.timeout_s)
         except BaseException:
             self._unpin(alias, name)
             raise
@@ -190,8 +189,7 @@ class Publisher:
         validate_adapter(directory, base_model=self.base_model, max_lora_rank=self.max_lora_rank)
         alias = alias or directory.parent.name
         name = served_name(directory, alias)
-        self._pin(alias, name, directory, new=True)
-        self._loaded(alias, name, directory)
+        self._load(alias, name, self._pin(alias, name, directory))
         with self.store.transaction() as st:
             v = st.find(alias, name)
             if v is None:  # the registry was reset meanwhile: record it again
@@ -213,14 +211,7 @@ class Publisher:
         killed mid-unload may have removed it from a server)."""
         number = str(version).split("@v")[-1].lstrip("v")
         name = f"{alias}@v{number}"
-        history = self.store.read_history().get(alias, [])
-        chosen = next((v for v in history if v.name == name), None)
-        if chosen is None:
-            known = ", ".join(v.name for v in history) or "none"
-            raise PublishError(f"{name} was never published (published: {known})")
-        directory = Path(chosen.directory)
-        self._pin(alias, name, directory, new=False)
-        self._loaded(alias, name, directory)
+        self._load(alias, name, self._pin(alias, name, None))
         with self.store.transaction() as st:
             v = st.find(alias, name)
             if v is None:

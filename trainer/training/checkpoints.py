@@ -31,18 +31,12 @@ def save_checkpoint(root: Path, next_micro: int, step: int, model: torch.nn.Modu
     """Everything a resumed run needs to continue as if never stopped (atomic directory)."""
     from safetensors.torch import save_file
 
-    tensors: dict[str, torch.Tensor] = {}
-    for n, p in model.named_parameters():
-        if "lora_" in n:
-            tensors[f"lora/{n}"] = p.detach().cpu().contiguous().clone()
+    tensors: dict[str, torch.Tensor] = {f"lora/{n}": p for n, p in model.named_parameters()
+                                        if "lora_" in n}
     opt = optimizer.state_dict()
-    for idx, state in opt["state"].items():
-        for key, value in state.items():
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"optimizer state {idx}.{key} is not a tensor: {type(value)}")
-            tensors[f"optimizer/{idx}/{key}"] = value.detach().cpu().contiguous().clone()
-    for i, lp in old.items():
-        tensors[f"old/{i}"] = lp.detach().cpu().contiguous().clone()
+    _flat_optimizer(opt["state"], tensors)
+    tensors.update({f"old/{i}": lp for i, lp in old.items()})
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
     tensors["rng"] = torch.get_rng_state()
     state = {"format": FORMAT, "next_micro_batch": next_micro, "step": step,
              "param_groups": opt["param_groups"], "metrics": metrics}
@@ -52,9 +46,7 @@ def save_checkpoint(root: Path, next_micro: int, step: int, model: torch.nn.Modu
     try:
         save_file(tensors, str(tmp / TENSORS_FILE))
         (tmp / STATE_FILE).write_text(json.dumps(state))
-        for f in (TENSORS_FILE, STATE_FILE):
-            with open(tmp / f, "rb") as fh:
-                os.fsync(fh.fileno())
+        _fsync_dir_files(tmp, [tmp / STATE_FILE])
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     finally:
@@ -177,12 +169,18 @@ def _flat_sharded_state(forward: torch.nn.Module, optimizer: torch.optim.Optimiz
                                                                 options=options))
     flat: dict[str, torch.Tensor] = {f"lora/{k}": v for k, v in model_state.items()
                                      if "lora_" in k}
-    for fqn, state in optim_state["state"].items():
-        for key, value in state.items():
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"optimizer state {fqn}.{key} is not a tensor: {type(value)}")
-            flat[f"optimizer/{fqn}/{key}"] = value
+    _flat_optimizer(optim_state["state"], flat)
     return flat, list(optim_state["param_groups"])
+
+
+def _flat_optimizer(state: dict[Any, dict[str, Any]], flat: dict[str, torch.Tensor]) -> None:
+    """Adds ``optimizer/<parameter>/<key>`` entries to ``flat``; refuses state that is not a
+    tensor (it could not be saved without pickling)."""
+    for idx, entries in state.items():
+        for key, value in entries.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"optimizer state {idx}.{key} is not a tensor: {type(value)}")
+            flat[f"optimizer/{idx}/{key}"] = value
 
 
 def save_sharded_checkpoint(root: Path, next_micro: int, step: int, forward: torch.nn.Module,

@@ -96,8 +96,6 @@ def all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
         p.grad /= world
 
 
-
-
 def share_old_logprobs(old: dict[int, torch.Tensor], new: list[int], device: torch.device
                        ) -> None:
     """Give every rank the pre-update log-probabilities each rank recorded since the last call

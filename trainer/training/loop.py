@@ -427,14 +427,6 @@ def _memory_mb(device: torch.device) -> float:
 
 
 def _progress(total: int, enabled: bool):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm arrives with transformers; be quiet without it
-        enabled = False
-    if not enabled:
-        class _Null:
-            def update(self, n): ...
-            def set_postfix(self, **kw): ...
-            def close(self): ...
-        return _Null()
-    return tqdm(total=total, desc="grpo", unit="batch")
+    from tqdm.auto import tqdm  # a dependency of transformers
+
+    return tqdm(total=total, desc="grpo", unit="batch", disable=not enabled)

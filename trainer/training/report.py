@@ -28,7 +28,7 @@ import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agl_bridge.trainer.adapters import METADATA_FILE
 
@@ -50,14 +50,14 @@ SUMMARY_FIELDS = (
 MAX_LISTED_PROBLEMS = 50  # in the HTML; all are counted
 
 
-class Panel:
+class Panel(NamedTuple):
     """One PNG: ``series`` are (field, label suffix, line style); ``band`` draws +-std."""
 
-    def __init__(self, name: str, title: str, ylabel: str,
-                 series: list[tuple[str, str, str]], band: tuple[str, str] | None = None,
-                 optional: bool = False):
-        self.name, self.title, self.ylabel = name, title, ylabel
-        self.series, self.band, self.optional = series, band, optional
+    name: str
+    title: str
+    ylabel: str
+    series: list[tuple[str, str, str]]
+    band: tuple[str, str] | None = None
 
     @property
     def fields(self) -> list[str]:
@@ -77,9 +77,9 @@ PANELS = [
     Panel("memory", "Peak memory (CUDA max allocated, or process max RSS on CPU)", "MB",
           [("memory_mb", "", "-")]),
     Panel("importance_weight", "Importance weight π_old / π_sampler (mean, capped)", "weight",
-          [("importance_weight_mean", "", "-")], optional=True),
+          [("importance_weight_mean", "", "-")]),
     Panel("behaviour_gap", "|trainer − sampler| logprob (mean over tokens)", "nats",
-          [("behaviour_logprob_abs_diff", "", "-")], optional=True),
+          [("behaviour_logprob_abs_diff", "", "-")]),
     Panel("grad_norm", "Gradient norm before clipping (optimizer steps only)", "norm",
           [("grad_norm", "", "-")]),
 ]
