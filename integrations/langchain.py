@@ -204,6 +204,8 @@ def _handler_class():
         def on_chain_error(self, error, *, run_id, **kwargs):
             self._close(run_id, error)
 
+        on_llm_error = on_tool_error = on_chain_error  # every kind of run fails alike
+
         # -- chat models -----------------------------------------------------------------
         def on_chat_model_start(self, serialized, messages, *, run_id, parent_run_id=None,
                                 metadata=None, **kwargs):
@@ -239,9 +241,6 @@ def _handler_class():
                 attrs[sc.LLM_TOOL_CALL_NAMES] = [c.get("name", "") for c in calls]
             self._close(run_id, attributes=attrs)
 
-        def on_llm_error(self, error, *, run_id, **kwargs):
-            self._close(run_id, error)
-
         # -- tools -----------------------------------------------------------------------
         def on_tool_start(self, serialized, input_str, *, run_id, parent_run_id=None,
                           metadata=None, **kwargs):
@@ -262,9 +261,6 @@ def _handler_class():
 
         def on_tool_end(self, output, *, run_id, **kwargs):
             self._close(run_id)
-
-        def on_tool_error(self, error, *, run_id, **kwargs):
-            self._close(run_id, error)
 
     return Handler
 

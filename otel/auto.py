@@ -83,7 +83,7 @@ def activate() -> DeferredTracing | None:
                 thread_context.install()
                 instrumented.append(name)
             else:
-                when_imported(module, functools.partial(_on_import, name, target))
+                when_imported(module, functools.partial(_instrument, name, target))
     except Exception as exc:
         warn(f"{AUTO_ENV} is set but start-up failed ({type(exc).__name__}: {exc}); "
              f"the program runs without agl-bridge capture")
@@ -91,16 +91,13 @@ def activate() -> DeferredTracing | None:
     return _state
 
 
-def _on_import(name: str, target: str, _module: ModuleType) -> None:
-    _instrument(name, target)
-
-
 def _load(target: str) -> Any:
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
-def _instrument(name: str, target: str) -> None:
+def _instrument(name: str, target: str, _module: ModuleType | None = None) -> None:
+    """Turn on the instrumentor ``target`` (run when its framework is imported)."""
     try:
         cls = _load(target)
     except Exception as exc:

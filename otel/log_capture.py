@@ -55,22 +55,17 @@ class EvaluationLogProcessor(LogRecordProcessor):
         self.writer = writer
 
     def on_emit(self, log_record: Any) -> None:
-        self._write(log_record)
-
-    def emit(self, log_data: Any) -> None:
-        """SDKs before ``on_emit`` call this with a ``LogData``."""
-        self._write(log_data)
-
-    def _write(self, data: Any) -> None:
         try:
-            row = log_record_to_row(data, keep_text=capture_messages())
+            row = log_record_to_row(log_record, keep_text=capture_messages())
             if row is not None:
                 self.writer.write_rows([row])
         except ValueError as exc:  # a kept event no row can hold
-            self._quarantine(str(exc), data)
+            self._quarantine(str(exc), log_record)
         except Exception:  # the writer is closed (exit) or failing: never the app's problem
             logger.warning("agl_bridge: an evaluation event could not be written to %s",
                            self.writer.directory, exc_info=True)
+
+    emit = on_emit  # what SDKs before ``on_emit`` call, with a ``LogData``
 
     def _quarantine(self, error: str, data: Any) -> None:
         try:
