@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -115,12 +117,29 @@ def convert(source: Source, out_path: str | os.PathLike[str],
         if part[1] > 1 and finish and cfg.baselines[0] not in (GROUP, "none"):
             raise ValueError(_PART_BASELINE)  # every transition would need it: say so now
     extra = span_files(evaluations_from) if evaluations_from is not None else []
-    if tune_allocators:
-        with short_lived_arrays():
-            return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra,
-                            part, finish)
-    return _convert(source, Path(out_path), cfg, max_rows_in_memory, progress, extra, part,
-                    finish)
+    job = _Job(Path(out_path), cfg, max_rows_in_memory, progress, part, finish)
+    with short_lived_arrays() if tune_allocators else nullcontext():
+        otlp = otlp_json_files(source)
+        if otlp:
+            return _convert_otlp(source, otlp, job)
+        return _convert_files(span_files(source), f" (under {source})", job, extra)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every route of one ``convert`` call needs besides its input."""
+
+    out_path: Path
+    cfg: ConvertConfig
+    max_rows_in_memory: int
+    progress: Progress | None
+    part: Part | None
+    finish: bool
+
+    @property
+    def first_part(self) -> bool:
+        """This process counts what is not per task (files read, evaluation records)."""
+        return self.part is None or self.part[0] == 0
 
 
 _PART_BASELINE = ("the batch and key: baselines compare transitions across all parts; a single "
@@ -142,77 +161,61 @@ def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
     return cfg
 
 
-def _convert(source: Source, out_path: Path, cfg: ConvertConfig, max_rows_in_memory: int,
-             progress: Progress | None, extra: list[Path] | None = None,
-             part: Part | None = None, finish: bool = True) -> ConversionStats:
-    otlp = otlp_json_files(source)
-    if otlp:
-        return _convert_otlp(source, otlp, out_path, cfg, max_rows_in_memory, progress, part,
-                             finish)
-    return _convert_files(span_files(source), f" (under {source})", out_path, cfg,
-                          max_rows_in_memory, progress, extra, part, finish)
-
-
-def _convert_files(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
-                   max_rows_in_memory: int, progress: Progress | None,
-                   extra: list[Path] | None = None, part: Part | None = None,
-                   finish: bool = True) -> ConversionStats:
+def _convert_files(files: list[Path], where: str, job: _Job, extra: Sequence[Path] = ()
+                   ) -> ConversionStats:
+    cfg, part = job.cfg, job.part
     seen = {p.resolve() for p in files}
-    found = scan_files(files + [p for p in extra or () if p.resolve() not in seen])
+    found = scan_files(files + [p for p in extra if p.resolve() not in seen])
     resolved = resolve_files(found, files, weights=cfg.evaluation_weights,
                              labels=cfg.evaluation_labels) if found else None
-    stats = _route(files, where, out_path, cfg, max_rows_in_memory, progress,
-                   resolved.rewards if resolved else None, part)
-    first = part is None or part[0] == 0
-    if first:
+    stats = _route(files, where, job, resolved.rewards if resolved else None)
+    if job.first_part:
         _note(stats, resolved)
     else:  # counted once, by part 0: the files, and what the evaluation records came to
         stats.files = 0
         for key in [k for k in stats.notes if k.startswith(reasons.UNREADABLE_FILE_PREFIX)]:
             del stats.notes[key]
-    if finish:
+    if job.finish:
         if part is not None and part[1] > 1 and needs_finish(stats):
-            out_path.unlink(missing_ok=True)  # some transitions fell back to one
+            job.out_path.unlink(missing_ok=True)  # some transitions fell back to one
             raise ValueError(_PART_BASELINE)
-        finish_files([out_path], cfg, stats)
+        finish_files([job.out_path], cfg, stats)
     return stats
 
 
-def _route(files: list[Path], where: str, out_path: Path, cfg: ConvertConfig,
-           max_rows_in_memory: int, progress: Progress | None,
-           evaluations: Mapping[str, list[EvaluationReward]] | None,
-           part: Part | None = None) -> ConversionStats:
+def _route(files: list[Path], where: str, job: _Job,
+           evaluations: Mapping[str, list[EvaluationReward]] | None) -> ConversionStats:
+    cfg, limit = job.cfg, job.max_rows_in_memory
     columns = columns_to_read(bool(cfg.retokenize), cfg.extra_columns)
     if not cfg.retokenize:
-        plan = stream_plan(files, max_rows_in_memory, columns, part)
+        plan = stream_plan(files, limit, columns, job.part)
         if plan is not None:
-            return convert_streaming(plan, out_path, cfg, columns, where, progress, evaluations)
+            return convert_streaming(plan, job.out_path, cfg, columns, where, job.progress,
+                                     evaluations)
     total_rows = 0
     for path in files:
         try:
             total_rows += pq.ParquetFile(path).metadata.num_rows
         except (pa.ArrowInvalid, OSError):
             pass  # counted when read
-    if total_rows > max_rows_in_memory:
-        return convert_spilled(files, out_path, columns, total_rows, max_rows_in_memory,
-                               lambda t: _convert_table(t, cfg, where, evaluations), progress,
-                               part)
+    if total_rows > limit:
+        return convert_spilled(files, job.out_path, columns, total_rows, limit,
+                               lambda t: _convert_table(t, cfg, where, evaluations),
+                               job.progress, job.part)
     read = ConversionStats()
     spans = read_spans(files, read, columns)
-    if part is not None:
-        spans = rows_in_part(spans, part)
+    if job.part is not None:
+        spans = rows_in_part(spans, job.part)
     table, stats = _convert_table(spans, cfg, where, evaluations)
     stats.notes.update(read.notes)
     stats.files = read.files
-    if progress:
-        progress(1, 1)
-    write_table_atomic(table, out_path)
+    if job.progress:
+        job.progress(1, 1)
+    write_table_atomic(table, job.out_path)
     return stats
 
 
-def _convert_otlp(source: Source, otlp: list[Path], out_path: Path, cfg: ConvertConfig,
-                  max_rows_in_memory: int, progress: Progress | None,
-                  part: Part | None = None, finish: bool = True) -> ConversionStats:
+def _convert_otlp(source: Source, otlp: list[Path], job: _Job) -> ConversionStats:
     """OTLP/JSON files imported to span Parquet in a temporary directory, converted with the
     Parquet among the sources."""
     from agl_bridge.otel.collector_files import import_otlp_json
@@ -225,8 +228,7 @@ def _convert_otlp(source: Source, otlp: list[Path], out_path: Path, cfg: Convert
         writer = SpanParquetWriter(tmp, background_rotation=False, recover=False)
         summary = import_otlp_json(otlp, writer)
         writer.close()
-        stats = _convert_files(span_files([tmp, *parquet]), f" (under {source})", out_path,
-                               cfg, max_rows_in_memory, progress, None, part, finish)
-    if summary.lines_bad and (part is None or part[0] == 0):
+        stats = _convert_files(span_files([tmp, *parquet]), f" (under {source})", job)
+    if summary.lines_bad and job.first_part:
         stats.notes[reasons.OTLP_LINE_BAD] += summary.lines_bad
     return stats

@@ -1,6 +1,7 @@
 """The converter's stages: a table of span rows -> a table of transitions, column by column.
 
-``convert_table`` runs them in order; each narrows or extends what the last produced:
+``convert_rows`` gathers the rows' rewards, then runs them in order; each narrows or extends
+what the last produced:
 
 1. ``select_calls``: LLM rows, deduplicated by (trace id, span id); calls without token ids or
    with an empty completion are skipped, logprobs of the wrong length dropped, clock skew noted;
@@ -166,36 +167,24 @@ def convert_rows(spans: pa.Table, cfg: ConvertConfig, source: str = "",
         unit = spans.select(list(cfg.recipe.columns)).filter(rows)
         add_recipe(rewards, cfg.recipe.apply(unit.append_column(
             EPISODE_KEY, arr(episodes.filter(rows))), evaluations), stats)
+    # for key baselines: attribute -> episode key -> value
     keys = episode_attributes(spans.filter(rows), arr(episodes.filter(rows)),
-                              cfg.key_attributes) if cfg.key_attributes else None
-    table = convert_table(spans, cfg, stats, rewards, episodes=episodes, select=select,
-                          keys=keys)
-    return table, stats
-
-
-def convert_table(spans: pa.Table, cfg: ConvertConfig, stats: ConversionStats,
-                  rewards: dict[str, EpisodeRewards], *, episodes: pa.Array,
-                  select: np.ndarray | None = None,
-                  keys: Mapping[str, Mapping[str, str]] | None = None) -> pa.Table:
-    """Transitions of ``spans`` (``columns.conform``-ed, one chunk per column), of the rows
-    ``select`` (a boolean mask; all without). ``rewards``: episode key -> its rewards
-    (``reward_spans.read_rewards``); ``episodes``: the rows' episode keys; ``keys``: for key
-    baselines, attribute -> episode key -> value. Fills ``stats``."""
+                              cfg.key_attributes) if cfg.key_attributes else {}
     lists = SpanLists.of(spans)
     calls = select_calls(spans, episodes, lists, stats, select)
     if calls is None:
-        return TRANSITION_SCHEMA.empty_table()
+        return TRANSITION_SCHEMA.empty_table(), stats
     turn = assign_turns(calls.episode, calls.table, stats.notes)
     joined = join_rewards(calls, turn, rewards, cfg, stats)
     if joined is None:
-        return TRANSITION_SCHEMA.empty_table()
+        return TRANSITION_SCHEMA.empty_table(), stats
     turn, ep_codes, ep_rewards = joined
     order = order_calls(calls, turn, ep_codes, cfg)
     turns = split_turns(order, lists, stats)
     tokens = token_lists(calls, order, turns, lists)
     first = order.order[turns.first]  # each transition's first call, in Calls positions
-    credit = assign_credit(calls, first, turn, ep_codes, ep_rewards, cfg, stats, keys or {})
-    return assemble(calls, first, turn, tokens, credit)
+    credit = assign_credit(calls, first, turn, ep_codes, ep_rewards, cfg, stats, keys)
+    return assemble(calls, first, turn, tokens, credit), stats
 
 
 # -- 1. the calls -----------------------------------------------------------------------------
