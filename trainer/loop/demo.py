@@ -39,6 +39,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,8 +48,8 @@ from typing import Any
 from agl_bridge import semconv as sc
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.demo_config import DemoConfig
-from agl_bridge.trainer.loop.engine import Loop, LoopCallback, log
-from agl_bridge.trainer.loop.report import episode_stats, write_report
+from agl_bridge.trainer.loop.engine import Loop, LoopCallback, log, start_vllm
+from agl_bridge.trainer.loop.report import episode_stats, wilson, write_report
 from agl_bridge.trainer.loop.team import write_tasks
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
@@ -147,15 +148,11 @@ class PauseWhileTraining(LoopCallback):
                 pass
 
     def on_train_begin(self, loop: Loop) -> None:
-        import signal
-
         log("pausing the service while the round trains")
         self._send(signal.SIGSTOP)
         loop.data.setdefault("service_paused", []).append([time.time(), None])
 
     def on_train_end(self, loop: Loop) -> None:
-        import signal
-
         self._send(signal.SIGCONT)
         paused = loop.data.get("service_paused") or [[None, None]]
         paused[-1][1] = time.time()
@@ -240,16 +237,10 @@ def run_production(demo: DemoConfig, record: dict[str, Any], cfg: LoopConfig, ta
     import shutil
     import subprocess
 
-    from agl_bridge.trainer.serving.vllm_server import VLLMServer, has_cuda
-
-    work, model_dir = cfg.work, Path(cfg.model)
+    work, serve = cfg.work, cfg.serve
     registry, traces = work / "registry", work / "traces"
     shutil.rmtree(registry, ignore_errors=True)  # a fresh server: the loop publishes again
-    log(f"starting vLLM on {model_dir.name} (log: {work / 'vllm.log'})")
-    serve = cfg.serve
-    gpu = ["--gpu-memory-utilization", "0.35"] if has_cuda() else []  # training too
-    server = VLLMServer(model_dir, served_model_name="base", log_path=work / "vllm.log",
-                        **serve.server_options(*gpu)).start()
+    server = start_vllm(cfg)
     procs: list[subprocess.Popen] = []
     try:
         from agl_bridge.aliases import AliasTable
@@ -323,8 +314,6 @@ scale = [0, 1]
 def served_by_version(log_path: Path, events: list[dict], agents: list[str]) -> list[dict]:
     """The service's success on the requests it answered, between one publish or rollback and
     the next (the versions live then): what its users saw."""
-    from agl_bridge.trainer.loop.report import wilson
-
     if not log_path.exists():
         return []
     rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]

@@ -51,6 +51,17 @@ def log(msg: str) -> None:
     print(f"[loop {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def start_vllm(cfg: LoopConfig) -> Any:
+    """vLLM serving the base model as ``base`` (its log: ``WORKDIR/vllm.log``), leaving GPU
+    memory to the training that runs beside it."""
+    from agl_bridge.trainer.serving.vllm_server import VLLMServer, has_cuda
+
+    log(f"starting vLLM on {Path(cfg.model).name} (log: {cfg.work / 'vllm.log'})")
+    gpu = ["--gpu-memory-utilization", "0.35"] if has_cuda() else []
+    return VLLMServer(cfg.model, served_model_name=BASE, log_path=cfg.work / "vllm.log",
+                      **cfg.serve.server_options(*gpu)).start()
+
+
 def read_tasks(path: str | Path) -> list[dict[str, Any]]:
     tasks = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
@@ -183,16 +194,9 @@ class Loop:
         from agl_bridge.trainer.serving.publisher import Publisher
 
         if self.cfg.server is None:
-            from agl_bridge.trainer.serving.vllm_server import VLLMServer, has_cuda
-
             shutil.rmtree(self.registry, ignore_errors=True)  # it lives as long as the server
-            log(f"starting vLLM on {Path(self.cfg.model).name} (log: {self.work / 'vllm.log'})")
             with self.state.timed("start vLLM"):
-                serve = self.cfg.serve
-                gpu = ["--gpu-memory-utilization", "0.35"] if has_cuda() else []  # training too
-                self.server = VLLMServer(self.cfg.model, served_model_name=BASE,
-                                         log_path=self.work / "vllm.log",
-                                         **serve.server_options(*gpu)).start()
+                self.server = start_vllm(self.cfg)
             self.base_url = self.server.base_url
         try:
             self.publisher = Publisher([self.base_url], self.registry, base_model=self.cfg.model,
