@@ -483,8 +483,7 @@ def _adapters_html(adapters: list[dict[str, Any]], run_dir: Path | None) -> str:
         created = m.get("created_unix")
         when = (_dt.datetime.fromtimestamp(float(created), _dt.timezone.utc
                                            ).strftime("%Y-%m-%d %H:%M")
-                if isinstance(created, (int, float)) and _is_number(created)
-                and math.isfinite(created) else None)
+                if _is_number(created) and math.isfinite(created) else None)
         rows.append([
             html.escape(str(m.get("adapter_name", "?"))), fmt(m.get("version")),
             f"<code>{html.escape(str(d))}</code>",
