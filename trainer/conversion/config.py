@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Literal
 
 from agl_bridge.settings import check_choices, setting
 from agl_bridge.trainer.rewards.credit import AdvantageUnit, Algorithm
@@ -93,12 +93,6 @@ class ConvertConfig:
             extra = (*extra, "attributes")
         return extra + tuple(a for a in self.key_attributes if a in SPAN_SCHEMA.names)
 
-    def options(self) -> dict[str, Any]:
-        """The settings as keywords (``ConvertConfig(**c.options())`` is ``c``)."""
-        from agl_bridge.settings import values
-
-        return values(self)
-
 
 AgentTurn = tuple[str | None, int | None]
 TermAgent = tuple[str, str | None]
@@ -130,24 +124,19 @@ class ConversionStats:
     MAX_LISTED = 20  # rejected rewards listed by place; all are counted in ``notes``
 
     def merge(self, other: ConversionStats) -> None:
-        self.spans += other.spans
-        self.episodes += other.episodes
-        self.llm_spans += other.llm_spans
-        self.transitions += other.transitions
-        self.zero_variance_groups += other.zero_variance_groups
-        self.groups += other.groups
-        self.skipped.update(other.skipped)
-        self.notes.update(other.notes)
-        self.per_agent_turn.update(other.per_agent_turn)
-        for key, value in other.recipe.items():
-            self.recipe[key] += value
-        self.recipe_rewards.update(other.recipe_rewards)
-        self.baselines.update(other.baselines)
-        self.rewards += other.rewards
-        room = max(0, self.MAX_LISTED - len(self.rejected_rewards))
-        self.rejected_rewards += other.rejected_rewards[:room]
-        room = max(0, self.MAX_LISTED - len(self.unknown_evaluations))
-        self.unknown_evaluations += other.unknown_evaluations[:room]
+        """Every count added (a new field is merged without a line here); the place lists
+        keep their first ``MAX_LISTED``."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, dict):  # Counters, and the recipe's sums
+                for key, value in theirs.items():
+                    mine[key] += value
+            elif f.name in ("rejected_rewards", "unknown_evaluations"):
+                mine += theirs[:max(0, self.MAX_LISTED - len(mine))]
+            elif isinstance(mine, list):
+                mine += theirs
+            else:
+                setattr(self, f.name, mine + theirs)
 
     def summary(self) -> str:
         lines = [f"{self.spans} spans, {self.episodes} episodes, {self.llm_spans} LLM calls -> "
