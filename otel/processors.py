@@ -17,6 +17,7 @@ over (keys the span set itself are kept, and the checked path for spans at their
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -71,3 +72,68 @@ class ScopeSpanProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         pass
+
+
+# -- training data stays out of the application's own exporters --------------------------------
+TRAINING_ATTRIBUTES = frozenset({sc.PROMPT_TOKEN_IDS, sc.COMPLETION_TOKEN_IDS,
+                                 sc.COMPLETION_LOGPROBS})
+EXPORT_TRAINING_DATA_ENV = "AGL_BRIDGE_EXPORT_TOKEN_IDS"  # "1": the application's too
+
+
+class WithoutTrainingData(SpanProcessor):
+    """One of the application's own processors, handed each span without the token ids and
+    logprobs that only training reads (about 8 KB per chat span at 48 tokens: volume, and cost,
+    in the user's APM). Our exporters (Parquet, the OTLP of ``collect``) get the span whole."""
+
+    def __init__(self, inner: SpanProcessor) -> None:
+        self.inner = inner
+
+    def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
+        self.inner.on_start(span, parent_context=parent_context)
+
+    def _on_ending(self, span: Span) -> None:
+        self.inner._on_ending(span)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        attributes = span.attributes
+        if attributes and not TRAINING_ATTRIBUTES.isdisjoint(attributes):
+            span = ReadableSpan(
+                span.name, span.context, span.parent, span.resource,
+                {k: v for k, v in attributes.items() if k not in TRAINING_ATTRIBUTES},
+                span.events, span.links, span.kind, status=span.status,
+                start_time=span.start_time, end_time=span.end_time,
+                instrumentation_scope=span.instrumentation_scope)
+        self.inner.on_end(span)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def ours(processor: SpanProcessor) -> SpanProcessor:
+    """Mark one of agl-bridge's processors: it gets spans whole."""
+    processor._agl_bridge_whole = True  # type: ignore[attr-defined]
+    return processor
+
+
+def keep_training_data_out(provider: Any) -> None:
+    """Wrap the application's processors on ``provider``, those there now and those it adds
+    later, in ``WithoutTrainingData`` (once per provider; off with
+    ``AGL_BRIDGE_EXPORT_TOKEN_IDS=1``)."""
+    if os.environ.get(EXPORT_TRAINING_DATA_ENV, "").strip() in ("1", "true") or getattr(
+            provider, "_agl_bridge_guarded", False):
+        return
+
+    def guarded(p: SpanProcessor) -> SpanProcessor:
+        mine = isinstance(p, (ScopeSpanProcessor, WithoutTrainingData)) or getattr(
+            p, "_agl_bridge_whole", False)
+        return p if mine else WithoutTrainingData(p)
+
+    multi = provider._active_span_processor
+    with multi._lock:
+        multi._span_processors = tuple(guarded(p) for p in multi._span_processors)
+    add = provider.add_span_processor
+    provider.add_span_processor = lambda p: add(guarded(p))
+    provider._agl_bridge_guarded = True

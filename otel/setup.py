@@ -7,7 +7,8 @@ sets its own provider later, ours must not be in the way. So our processors join
 application's provider when it sets one, and our own provider is installed only when agl-bridge
 is about to start a span and none is set. If an application sets its provider after that (too
 late: OpenTelemetry allows one global provider), its processors are added to ours, so its
-exporters still receive every span.
+exporters still receive every span. The application's processors get spans without the token
+ids and logprobs only training reads (``processors.keep_training_data_out``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from agl_bridge import _lazy
-from agl_bridge.otel.processors import ScopeSpanProcessor
+from agl_bridge.otel.processors import ScopeSpanProcessor, keep_training_data_out, ours
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +106,11 @@ def _processor(exporter: SpanExporter, batch: bool) -> SpanProcessor:
     of the shorter delay is more, smaller exports on the worker thread (benchmarks/README.md).
     """
     if not batch:
-        return SimpleSpanProcessor(exporter)
+        return ours(SimpleSpanProcessor(exporter))
     delay = getattr(exporter, "MAX_EXPORT_DELAY_MS", None)
     if delay is not None and not os.environ.get(SCHEDULE_DELAY_ENV, "").strip():
-        return BatchSpanProcessor(exporter, schedule_delay_millis=delay)
-    return BatchSpanProcessor(exporter)
+        return ours(BatchSpanProcessor(exporter, schedule_delay_millis=delay))
+    return ours(BatchSpanProcessor(exporter))
 
 
 def _new_provider(service_name: str | None) -> TracerProvider:
@@ -141,6 +142,7 @@ def configure_tracing(
         provider.add_span_processor(_processor(_parquet_exporter(Path(parquet_dir)), batch))
     if otlp:
         provider.add_span_processor(_processor(otlp_exporter(), batch))
+    keep_training_data_out(provider)
     return provider
 
 
@@ -172,6 +174,7 @@ class DeferredTracing:
         self.processors = self._make()
         for p in self.processors:
             provider.add_span_processor(p)
+        keep_training_data_out(provider)
         self.provider = provider
 
     def _on_set(self, provider) -> None:

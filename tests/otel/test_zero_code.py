@@ -115,6 +115,15 @@ def test_the_applications_own_provider_is_reused(wheel_python, tmp_path):
     app_seen = console.read_text()
     for model in ("solver", "checker", "tool-agent"):  # the app's exporter got them too
         assert f'"name": "chat {model}"' in app_seen
+    # issue 29.8: token ids and logprobs reach the training store, not the app's exporter
+    assert all(r["completion_token_ids"] for r in rows)
+    assert sc.COMPLETION_TOKEN_IDS not in app_seen and sc.PROMPT_TOKEN_IDS not in app_seen
+    with ScriptedServer(vllm=True) as server:  # unless the user opts in
+        out = run_agent(wheel_python, server.base_url, {
+            "AGL_BRIDGE_AUTO": "1", "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces2"),
+            "AGL_BRIDGE_EXPORT_TOKEN_IDS": "1"}, "--own-provider", str(console))
+    assert out.returncode == 0, out.stderr
+    assert sc.COMPLETION_TOKEN_IDS in console.read_text()
 
 
 def test_opentelemetry_instrument_loads_our_entry_points(wheel_python, tmp_path):
