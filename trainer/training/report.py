@@ -28,7 +28,7 @@ import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from agl_bridge.trainer.adapters import METADATA_FILE
 
@@ -99,7 +99,7 @@ def metrics_file(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
