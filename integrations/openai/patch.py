@@ -100,17 +100,32 @@ def _route(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         return kwargs, None
 
 
+def _as_asked(result: Any, asked: Any, alias: str | None) -> Any:
+    """A routed answer names the model the program asked for: routing stays invisible to it
+    (AutoGen warns on every call whose answer names another model). The span, ended by now,
+    records the version that answered; streams and raw responses are left as they are."""
+    if alias is not None and isinstance(getattr(result, "model", None), str):
+        try:
+            result.model = asked
+        except (AttributeError, TypeError, ValueError):
+            pass
+    return result
+
+
 def _sync_create(wrapped, instance, args, kwargs):
+    asked = kwargs.get("model")
     kwargs, alias = _route(kwargs)
     tracing = _slots.tracing
     if tracing is None:
-        return wrapped(*args, **kwargs)
-    return tracing.sync_create(wrapped, instance, args, kwargs, alias)
+        return _as_asked(wrapped(*args, **kwargs), asked, alias)
+    return _as_asked(tracing.sync_create(wrapped, instance, args, kwargs, alias), asked, alias)
 
 
 async def _async_create(wrapped, instance, args, kwargs):
+    asked = kwargs.get("model")
     kwargs, alias = _route(kwargs)
     tracing = _slots.tracing
     if tracing is None:
-        return await wrapped(*args, **kwargs)
-    return await tracing.async_create(wrapped, instance, args, kwargs, alias)
+        return _as_asked(await wrapped(*args, **kwargs), asked, alias)
+    return _as_asked(await tracing.async_create(wrapped, instance, args, kwargs, alias), asked,
+                     alias)
