@@ -10,6 +10,7 @@ evaluation in the input, the cost is reading those few columns.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -38,6 +39,8 @@ _RECORD = ["trace_id", "span_id", "parent_span_id", "start_time_unix_nano", "epi
            "response_id", "events"]
 _PLACE = ["trace_id", "span_id", "episode_id", "agent_name", "turn_index", "response_id"]
 _MARK = ["evaluation_name", "evaluation_target"]
+# (episode ids, trace ids, response ids, parent spans) the evaluations may name
+Needs = tuple[set[str], set[str], set[str], set[tuple[str, str]]]
 
 
 def is_evaluation(table: pa.Table) -> pa.Array:
@@ -141,9 +144,7 @@ def scan_files(files: Iterable[Path]) -> list[Evaluation]:
     return out
 
 
-def _needs(evaluations: list[Evaluation]) -> tuple[set[str], set[str], set[str],
-                                                   set[tuple[str, str]]]:
-    """(episode ids, trace ids, response ids, parent spans) the evaluations may name."""
+def _needs(evaluations: list[Evaluation]) -> Needs:
     episodes, traces, responses, spans = set(), set(), set(), set()
     for e in evaluations:
         if e.episode is not None:
@@ -166,27 +167,18 @@ def _needs(evaluations: list[Evaluation]) -> tuple[set[str], set[str], set[str],
     return episodes, traces, responses, spans
 
 
-def _add_places(table: pa.Table, needs: tuple[set[str], set[str], set[str],
-                                              set[tuple[str, str]]], lookup: Lookup) -> None:
+def _add_places(table: pa.Table, needs: Needs, lookup: Lookup) -> None:
     episodes, traces, responses, spans = needs
     keys = arr(episode_keys(table))
-    masks = []
-    if episodes:
-        masks.append(pc.is_in(keys, value_set=pa.array(sorted(episodes), pa.string())))
-    if traces:
-        masks.append(pc.is_in(table["trace_id"], value_set=pa.array(sorted(traces), pa.string())))
-    if responses and "response_id" in table.column_names:
-        masks.append(pc.is_in(table["response_id"],
-                              value_set=pa.array(sorted(responses), pa.string())))
-    if spans:
-        masks.append(pc.is_in(table["span_id"], value_set=pa.array(sorted(
-            {s for _, s in spans}), pa.string())))
+    named = [(keys, episodes), (table["trace_id"], traces),
+             (table["span_id"], {s for _, s in spans})]
+    if "response_id" in table.column_names:
+        named.append((table["response_id"], responses))
+    masks = [pc.is_in(column, value_set=pa.array(sorted(ids), pa.string()))
+             for column, ids in named if ids]
     if not masks:
         return
-    mask = masks[0]
-    for m in masks[1:]:
-        mask = pc.or_(mask, m)
-    mask = pc.fill_null(mask, False)
+    mask = pc.fill_null(functools.reduce(pc.or_, masks), False)
     if not to_numpy(arr(mask)).any():
         return
     sub = table.filter(mask)

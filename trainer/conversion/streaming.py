@@ -371,29 +371,24 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
     reader thread one batch ahead, a writer thread one table behind). Memory: a few batches
     plus the held rows."""
     stats = ConversionStats()
-    pending: list[pa.Table] = []
-    pending_rows = 0
+    pending: list[pa.Table] = []  # converted, not yet handed to the writer
     done_batches = 0
     writes: list = []
 
-    def flush(pool: ThreadPoolExecutor, writer: pq.ParquetWriter) -> None:
-        nonlocal pending, pending_rows
+    def flush() -> None:  # ``pool`` and ``writer``: opened below, before the first call
         if pending:
             while writes:  # at most one table waits to be written
                 writes.pop(0).result()
             writes.append(pool.submit(writer.write_table, pa.concat_tables(pending)))
-            pending, pending_rows = [], 0
+            pending.clear()
 
-    def convert(rows: pa.Table, select: Any, pool: ThreadPoolExecutor,
-                writer: pq.ParquetWriter) -> None:
-        nonlocal pending_rows
+    def convert(rows: pa.Table, select: Any = None) -> None:
         table, part = convert_rows(rows, cfg, source, select, evaluations)
         stats.merge(part)
         if table.num_rows:
             pending.append(table)
-            pending_rows += table.num_rows
-            if pending_rows >= 8_192:
-                flush(pool, writer)
+            if sum(t.num_rows for t in pending) >= 8_192:
+                flush()
 
     if plan.keep is not None and plan.first_part:  # the files, counted once for all parts
         stats.files = sum(u is None for _, _, u in plan.files)
@@ -421,7 +416,7 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
             complete = done < end
             fresh = complete & ~begun  # units wholly in this batch: converted in place
             if fresh.any():
-                convert(rows, None if fresh.all() else fresh, pool, writer)
+                convert(rows, None if fresh.all() else fresh)
             late = complete & begun  # units completed now, with rows held before
             held_complete = held_done < end
             parts = []
@@ -430,7 +425,7 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
             if late.any():
                 parts.append(rows.filter(np_array(late)))
             if parts:
-                convert(pa.concat_tables(parts).combine_chunks(), None, pool, writer)
+                convert(pa.concat_tables(parts).combine_chunks())
             keep = []
             if held is not None and not held_complete.all():
                 keep.append((held.filter(np_array(~held_complete)), held_done[~held_complete]))
@@ -445,8 +440,8 @@ def convert_streaming(plan: StreamPlan, out_path: str | os.PathLike[str], cfg: C
             if progress:
                 progress(min(done_batches, plan.batches - 1), plan.batches)
         if held is not None and held.num_rows:  # units cut short by an unreadable file
-            convert(held, None, pool, writer)
-        flush(pool, writer)
+            convert(held)
+        flush()
         while writes:
             writes.pop(0).result()
         if progress:
