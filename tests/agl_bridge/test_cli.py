@@ -24,7 +24,7 @@ def test_convert_prints_a_summary_and_writes(tmp_path):
     import json
 
     used = json.loads((tmp_path / "t.settings.json").read_text())["convert"]
-    assert used["algorithm"] == "at_grpo" and used["baseline"] == ["group"]
+    assert used["algorithm"] == "at_grpo" and used["baseline"] == ["group", "batch"]
     assert used["missing_reward"] == "drop" and "recipe" not in used
 
 

@@ -150,7 +150,7 @@ def test_guide_on_the_scripted_server(tiny, tmp_path):
 
         # conversion: each score reached exactly its call's agent and turn
         stats = convert(traces, tmp_path / "transitions.parquet",
-                        ConvertConfig(baseline="group,batch"))
+                        ConvertConfig())  # the default baseline: group, then batch
         rows = pq.read_table(tmp_path / "transitions.parquet").to_pylist()
         by_span = {r["span_id"]: r for r in read_spans(traces)
                    if r["name"].startswith("chat ")}
@@ -166,7 +166,7 @@ def test_guide_on_the_scripted_server(tiny, tmp_path):
 
         # 4. train: one adapter per agent, on the tiny model
         run = agl_bridge.train_from_traces(
-            traces, tiny, policy="per_agent_lora", baseline="group,batch",
+            traces, tiny, policy="per_agent_lora",
             output_dir=tmp_path / "run", learning_rate=1e-2, progress=False)
         assert set(AGENTS) <= set(run.adapters), run.adapters
 
@@ -216,7 +216,7 @@ def test_every_block_of_the_guide_holds_a_command_the_e2e_test_runs():
         "AGL_BRIDGE_AUTO=1", "python"]
     assert "agl-bridge serve" in blocks[1] and "--tool-call-parser hermes" in blocks[1]
     assert "AGL_BRIDGE_ROUTE_BY=agent" in blocks[6] and "AGL_BRIDGE_ROUTE_BY" not in blocks[2]
-    assert "--baseline group,batch" in blocks[4] and "--policy per_agent_lora" in blocks[4]
+    assert "--policy per_agent_lora" in blocks[4]
 
 
 @pytest.mark.e2e

@@ -54,10 +54,11 @@ class ConvertConfig:
     # the recipe itself, when a program builds one (``rewards`` is read into it otherwise)
     recipe: Recipe | None = setting(None, help="a Recipe object", python_only=True)
     baseline: str | tuple[str, ...] = setting(
-        "group", help="what rewards are compared with, first that applies: group (the "
-                      "rollouts of the same task), batch (the same agent and turn over the "
-                      "whole output: traffic that never repeats), key:ATTRIBUTE (leave-one-out "
-                      "over episodes sharing it); e.g. group,batch")
+        ("group", "batch"), help="what rewards are compared with, first that applies: group "
+                                 "(the rollouts of the same task; followed by another: groups "
+                                 "of two or more), batch (the same agent and turn over the "
+                                 "whole output: traffic that never repeats), key:ATTRIBUTE "
+                                 "(leave-one-out over episodes sharing it)")
     per_agent_advantages: bool = setting(
         False, help="normalise advantages with each agent's own statistics (Dr. MAS)")
 
@@ -141,10 +142,10 @@ class ConversionStats:
     def summary(self) -> str:
         lines = [f"{self.spans} spans, {self.episodes} episodes, {self.llm_spans} LLM calls -> "
                  f"{self.transitions} transitions in {self.groups} groups "
-                 f"({self.zero_variance_groups} with zero reward variance)"]
-        if self.baselines and set(self.baselines) != {"group"}:
-            lines.append("  baselines: " + ", ".join(
-                f"{name} {n}" for name, n in sorted(self.baselines.items())))
+                 f"({self.zero_variance_groups} with zero reward variance)"
+                 + ("; baselines: " + ", ".join(f"{name} {n}" for name, n in
+                                                sorted(self.baselines.items()))
+                    if set(self.baselines) - {"group"} else "")]  # a fallback is named
         if self.rewards:
             r = sorted(self.rewards)
 

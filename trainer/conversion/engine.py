@@ -144,7 +144,9 @@ class _Job:
 
 _PART_BASELINE = ("the batch and key: baselines compare transitions across all parts; a single "
                   "part cannot compute them: convert with workers (convert_parallel, "
-                  "agl-bridge convert --workers N)")
+                  "agl-bridge convert --workers N), or give each part --baseline group (the "
+                  "default group,batch fell back to the batch for episodes without a "
+                  "repeated task)")
 
 
 def _config(config: ConvertConfig | None, missing_reward: MissingReward | None

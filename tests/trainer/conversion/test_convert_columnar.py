@@ -17,13 +17,14 @@ from agl_bridge.trainer.conversion import ConvertConfig, convert, spans_to_trans
 from tests.factories import llm, reward, table
 from tests.reference_converter import reference_spans_to_transitions
 
+ORACLE = {"baseline": "group"}  # the reference's one baseline (batch: test_baselines.py)
 CONFIGS = [
-    ConvertConfig(),
-    ConvertConfig(algorithm="lightning_rl"),
-    ConvertConfig(alpha=0.5, gamma=0.9),
-    ConvertConfig(advantage_unit="rollout", scale_advantages=False),
-    ConvertConfig(merge_turn_calls=False, gamma=0.5),
-    ConvertConfig(missing_reward=0.25, advantage_unit="rollout"),
+    ConvertConfig(**ORACLE),
+    ConvertConfig(algorithm="lightning_rl", **ORACLE),
+    ConvertConfig(alpha=0.5, gamma=0.9, **ORACLE),
+    ConvertConfig(advantage_unit="rollout", scale_advantages=False, **ORACLE),
+    ConvertConfig(merge_turn_calls=False, gamma=0.5, **ORACLE),
+    ConvertConfig(missing_reward=0.25, advantage_unit="rollout", **ORACLE),
 ]
 
 
@@ -108,7 +109,7 @@ def test_fast_path_equals_reference(seed, cfg):
 
 
 def test_fast_path_equals_reference_on_edge_tables():
-    cfg = ConvertConfig()
+    cfg = ConvertConfig(**ORACLE)
     assert assert_same([reward("e", 1, 1.0)], cfg).num_rows == 0  # no LLM call
     assert assert_same([llm("e", 1)], cfg).num_rows == 0  # no reward
     assert assert_same([llm("e", 1, prompt=None), reward("e", 2, 1.0)], cfg).num_rows == 0
@@ -130,8 +131,8 @@ def test_streamed_convert_equals_reference(tmp_path):
     for k in range(0, len(rows), 50):
         pq.write_table(table(rows[k:k + 50]), tmp_path / "spans" / f"{k:05d}.parquet",
                        row_group_size=16)
-    stats = convert(tmp_path / "spans", tmp_path / "t.parquet")
-    ref, ref_stats = reference_spans_to_transitions(table(rows))
+    stats = convert(tmp_path / "spans", tmp_path / "t.parquet", ConvertConfig(**ORACLE))
+    ref, ref_stats = reference_spans_to_transitions(table(rows), ConvertConfig(**ORACLE))
     got = pq.read_table(tmp_path / "t.parquet")
     key = [("span_id", "ascending"), ("trace_id", "ascending")]
     assert got.sort_by(key).to_pylist() == ref.sort_by(key).to_pylist()
@@ -164,10 +165,11 @@ def test_convert_streams_units_as_they_complete(tmp_path, monkeypatch):
     (tmp_path / "spans" / "99999-truncated.parquet").write_bytes(
         (tmp_path / "spans" / "00000.parquet").read_bytes()[:100])
     seen = []
-    stats = convert(tmp_path / "spans", tmp_path / "t.parquet", max_rows_in_memory=400,
+    stats = convert(tmp_path / "spans", tmp_path / "t.parquet", ConvertConfig(**ORACLE),
+                    max_rows_in_memory=400,
                     progress=lambda done, total: seen.append((done, total)))
     assert streamed and len(seen) > 3 and seen[-1][0] == seen[-1][1]
-    ref, ref_stats = reference_spans_to_transitions(table(rows))
+    ref, ref_stats = reference_spans_to_transitions(table(rows), ConvertConfig(**ORACLE))
     got = pq.read_table(tmp_path / "t.parquet")
     key = [("span_id", "ascending"), ("trace_id", "ascending")]
     assert got.sort_by(key).to_pylist() == ref.sort_by(key).to_pylist()

@@ -85,9 +85,10 @@ def test_parallel_conversion_equals_one_process_row_for_row(spans_dir, tmp_path,
 
 def test_parts_on_machines_together_hold_the_whole_and_train_as_a_directory(spans_dir,
                                                                            tmp_path):
-    one = convert(spans_dir, tmp_path / "one.parquet")
+    group = ConvertConfig(baseline="group")  # a part alone: no batch fallback (below)
+    one = convert(spans_dir, tmp_path / "one.parquet", group)
     parts = tmp_path / "parts"
-    stats = [convert(spans_dir, parts / f"{i}.parquet", part=(i, 3)) for i in range(3)]
+    stats = [convert(spans_dir, parts / f"{i}.parquet", group, part=(i, 3)) for i in range(3)]
     assert [s.files for s in stats] == [3, 0, 0]  # files counted once, by part 0
     assert all(s.transitions > 0 for s in stats)
     assert sum(s.transitions for s in stats) == one.transitions
@@ -103,9 +104,8 @@ def test_parts_on_machines_together_hold_the_whole_and_train_as_a_directory(span
         convert(tmp_path / "no-such-spans", tmp_path / "p.parquet",
                 ConvertConfig(baseline="batch"), part=(0, 2))
     # ... and after converting when some fell back to it (the episodes without a task)
-    with pytest.raises(ValueError, match="batch and key: baselines"):
-        convert(spans_dir, tmp_path / "p.parquet", ConvertConfig(baseline=("group", "batch")),
-                part=(0, 2))
+    with pytest.raises(ValueError, match=r"batch and key: baselines.*--baseline group"):
+        convert(spans_dir, tmp_path / "p.parquet", part=(0, 2))  # the default: group,batch
     assert not (tmp_path / "p.parquet").exists()
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from agl_bridge.parquet_io import SchemaError
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.conversion import convert, read_spans, spans_to_transitions
+from agl_bridge.trainer.conversion import ConvertConfig, convert, read_spans, spans_to_transitions
 from tests.factories import llm, reward, table
 
 
@@ -59,7 +59,7 @@ def test_duplicates_orphans_and_trace_fallback():
     dup = llm(None, 1, trace="TR1")
     rows = [dup, dict(dup), reward(None, 2, 1.0, trace="TR1"), llm(None, 3, trace="TR2",
             task=None), reward(None, 4, 0.0, trace="TR2")]
-    out, stats = spans_to_transitions(table(rows))
+    out, stats = spans_to_transitions(table(rows), ConvertConfig(baseline="group"))
     got = sorted((r["episode_id"], r["group_id"].split("|")[0]) for r in out.to_pylist())
     assert got == [("trace:TR1", "task:t1"), ("trace:TR2", "episode:trace:TR2")]
     assert stats.notes["duplicate span id (later copy ignored)"] == 1

@@ -32,9 +32,20 @@ def by_episode(out, column="advantage"):
 
 
 def test_group_alone_gives_live_traffic_no_signal():
-    out, stats = spans_to_transitions(table(live([1.0, 0.0, 0.5, 0.5])))
+    out, stats = spans_to_transitions(table(live([1.0, 0.0, 0.5, 0.5])),
+                                      ConvertConfig(baseline="group"))
     assert set(by_episode(out).values()) == {0.0}
     assert stats.groups == 4 and stats.baselines == {"group": 4}
+    assert "baselines" not in stats.summary().splitlines()[0]
+
+
+def test_the_default_falls_back_to_the_batch_and_says_so_in_the_summary_line():
+    """Issue 29.4: an unchanged program's tasks never repeat; the default baseline (group, then
+    batch) still gives its transitions advantages, and the first summary line says which."""
+    out, stats = spans_to_transitions(table(live([1.0, 0.0, 0.5, 0.5])))
+    assert set(by_episode(out).values()) != {0.0}
+    assert stats.baselines == {"batch": 4}
+    assert stats.summary().splitlines()[0].endswith("; baselines: batch 4")
 
 
 def test_batch_normalises_per_agent_and_turn_over_the_output():
