@@ -215,8 +215,10 @@ def reference_spans_to_transitions(spans: pa.Table, config: ConvertConfig | None
     stats = ConversionStats(spans=spans.num_rows)
     needed = [c for c in (*REQUIRED_SPAN_COLUMNS, *_OPTIONAL_COLUMNS) if c in spans.column_names]
     spans = _without_holey_lists(spans.select(needed), stats)  # select: zero-copy
+    counted = spans.filter(pc.or_(pc.fill_null(pc.equal(spans["operation_name"], sc.OP_CHAT),
+                                               False), pc.is_valid(spans["reward_value"])))
     stats.episodes = len(pc.unique(pc.coalesce(
-        spans["episode_id"], pc.binary_join_element_wise("trace:", spans["trace_id"], ""))))
+        counted["episode_id"], pc.binary_join_element_wise("trace:", counted["trace_id"], ""))))
     # reward matching (one loop over the reward rows) is shared with the converter: the oracle
     # checks what is done per LLM call
     rewards = read_rewards(spans.filter(pc.is_valid(spans["reward_value"])), stats, source)

@@ -162,6 +162,7 @@ def test_guide_on_the_scripted_server(tiny, tmp_path):
         assert scored == {rid: (agent_of(c), scores[rid])
                           for c in logged for rid in [c["response"]["id"]]}, stats
         assert len({r["episode_id"] for r in rows}) == 2  # one episode per team run
+        assert stats.episodes == 2  # autogen-core's runtime traces are no episodes (29.9)
         assert set(stats.baselines) == {"batch"}  # no task repeats: group falls back to batch
 
         # 4. train: one adapter per agent, on the tiny model

@@ -159,7 +159,10 @@ def convert_rows(spans: pa.Table, cfg: ConvertConfig, source: str = "",
         rows = pc.and_(rows, np_array(select))
         is_reward = pc.and_(is_reward, np_array(select))
     present = pc.unique(episodes.filter(rows))
-    stats.episodes = len(present)
+    # an episode has an LLM call or a reward: a framework's runtime spans in traces of their own
+    # (autogen-core's messaging) are not episodes of their own
+    is_chat = pc.fill_null(pc.equal(spans["operation_name"], lit(sc.OP_CHAT)), lit(False))
+    stats.episodes = len(pc.unique(episodes.filter(pc.and_(rows, pc.or_(is_chat, is_reward)))))
     rewards = read_rewards(spans.select(REWARD_COLUMNS).filter(is_reward), stats, source)
     if evaluations:
         add_evaluations(rewards, present.to_pylist(), evaluations, stats)
