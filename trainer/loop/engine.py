@@ -209,10 +209,46 @@ class Loop:
                         for alias, name in self.data["live"].items():
                             if name != BASE:
                                 self.publisher.publish(self._adapter_dir(alias, name), alias=alias)
+            else:
+                self._adopt()
             yield
         finally:
             if self.server is not None:
                 self.server.stop()
+
+    def _adopt(self) -> None:
+        """A registry filled before this loop (``agl-bridge publish``, another run): the live
+        versions of the named agents are where it starts, trained on from their adapters. Each
+        version the registry recorded keeps its number here (a link to its directory), so the
+        next version trained follows them and no served name is used twice; a number this
+        workdir holds as another adapter is refused now, before any waiting or training."""
+        from agl_bridge.trainer.serving.registry import version_number
+
+        history, live = self.publisher.store.read_history(), self.publisher.store.read_aliases()
+        for alias in self.cfg.agents:
+            for v in history.get(alias, []):
+                number = version_number(v.name)
+                if number is None:
+                    continue
+                here = self._adapter_dir(alias, v.name)
+                if here.exists() or here.is_symlink():
+                    if here.resolve() != Path(v.directory).resolve():
+                        raise ValueError(
+                            f"registry {self.registry}: {v.name} is {v.directory}, but this "
+                            f"workdir's {here} is another adapter; train on from the registry "
+                            f"in a new --workdir (or with --fresh), or use another registry")
+                    continue
+                here.parent.mkdir(parents=True, exist_ok=True)
+                if Path(v.directory).is_dir():
+                    here.symlink_to(Path(v.directory).resolve(), target_is_directory=True)
+                else:  # gone: the number stays taken, so nothing is published under it again
+                    here.mkdir()
+                    (here / "PUBLISHED_ELSEWHERE").write_text(f"{v.name}: {v.directory}\n")
+            name = live.get(alias)
+            if name and name != BASE and self.data["live"].get(alias) == BASE:
+                self.data["live"][alias] = name
+                log(f"{alias}: starting from {name}, live in the registry {self.registry}")
+        self.state.save()
 
     def _adapter_dir(self, alias: str, name: str) -> Path:
         number = int(name.rsplit("@v", 1)[1])
@@ -421,7 +457,9 @@ class Loop:
                     [str(s) for s in sources], cfg.model, output_dir=rdir / "train",
                     adapters_dir=self.work / "adapters", init_adapters=init or None,
                     progress=sys.stderr.isatty(), evaluations_from=cfg.traces,
-                    **values(cfg.convert), **{**values(cfg.train), "seed": cfg.train.seed + r})
+                    **values(cfg.convert), **{**values(cfg.train), "seed": cfg.train.seed + r,
+                                              "train_agents": cfg.train.train_agents
+                                              or cfg.agents})
             except ValueError as exc:  # no transitions: nothing to learn from this round
                 log(f"round {r}: nothing to train on ({str(exc).splitlines()[0]})")
                 record["trained"] = False

@@ -300,3 +300,34 @@ def test_a_loop_file_with_tables_gives_the_stages_their_settings(tmp_path):
     with pytest.raises(SettingError, match=f"{path}: train.learning_rate = 'high': expected "
                                            "a number"):
         build(LoopConfig, read_file(path), str(path))
+
+
+def test_a_loop_adopts_a_registry_filled_before_it(tmp_path, tiny):
+    """Issue 29.5: a registry whose live versions came from elsewhere (``agl-bridge publish``,
+    another run) is where a new loop starts: it trains on from the live adapter and publishes
+    the next number; a workdir whose adapter of that number is another one is refused before
+    anything is waited for or trained."""
+    with server_for(bad=set()) as server:
+        first = Loop(setup(tmp_path, tiny, server, rounds=1, eval_tasks=None,
+                           **{"gate.rule": "off"})).run()
+        assert first["live"] == {"solver": "solver@v1"}
+        elsewhere = tmp_path / "loop" / "adapters" / "solver" / "v0001"
+        again = setup(tmp_path, tiny, server, rounds=1, eval_tasks=None,
+                      workdir=str(tmp_path / "loop2"), **{"gate.rule": "off"})
+        data = Loop(again).run()
+        (r0,) = data["rounds"]
+        assert r0["live_before"] == {"solver": "solver@v1"}  # adopted, not base
+        adopted = tmp_path / "loop2" / "adapters" / "solver" / "v0001"
+        assert adopted.is_symlink() and adopted.resolve() == elsewhere.resolve()
+        assert r0["published"] == {"solver": "solver@v2"} and data["live"] == {
+            "solver": "solver@v2"}
+        meta = json.loads((tmp_path / "loop2" / "adapters" / "solver" / "v0002" /
+                           "agl_bridge_adapter.json").read_text())
+        assert "v0001" in json.dumps(meta)  # trained on from the adopted version
+
+        clash = tmp_path / "loop3" / "adapters" / "solver" / "v0002"
+        clash.mkdir(parents=True)  # this workdir's own v2, not the registry's
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=r"solver@v2 is .*another adapter.*new --workdir"):
+            Loop(setup(tmp_path, tiny, server, workdir=str(tmp_path / "loop3"))).run()
+        assert time.monotonic() - t0 < 30 and not (tmp_path / "loop3" / "round00").exists()
