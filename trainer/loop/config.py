@@ -34,9 +34,16 @@ class GateConfig:
                                          "worse")
     tasks: str | None = setting(
         None, help="JSON lines of held-out tasks the gate compares on (unset: eval_tasks)")
+    inputs: int = setting(
+        0, help="a live service without held-out tasks: compare on this many of the round's "
+                "newest real inputs, each replayed on the live version and on the candidate "
+                "(replay_team, at temperature) and scored by the judge, the recipe or the "
+                "team's own rewards (0: on held-out tasks)")
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.inputs < 0:
+            raise ValueError(f"inputs must be 0 or more, got {self.inputs!r}")
 
 
 @dataclass
@@ -115,9 +122,16 @@ class LoopConfig:
             raise ValueError("give either team (with tasks) or traces: where episodes come from")
         if self.team is not None and self.tasks is None:
             raise ValueError("team needs tasks: a JSON lines file of training tasks")
-        if self.gate.rule != "off" and (self.gate.tasks or self.eval_tasks) is None:
-            raise ValueError("the gate needs eval_tasks (held-out tasks), or gate.rule = 'off'")
-        if self.gate.rule != "off" and (self.eval_team or self.team) is None:
+        if self.gate.rule != "off" and self.gate.inputs:
+            if self.traces is None:
+                raise ValueError("gate.inputs replays real inputs of a live traces directory: "
+                                 "set traces")
+            if (self.replay_team or self.eval_team or self.team) is None:
+                raise ValueError("gate.inputs needs a command that replays them: replay_team")
+        elif self.gate.rule != "off" and (self.gate.tasks or self.eval_tasks) is None:
+            raise ValueError("the gate needs eval_tasks (held-out tasks), gate.inputs (real "
+                             "inputs replayed: a live service), or gate.rule = 'off'")
+        elif self.gate.rule != "off" and (self.eval_team or self.team) is None:
             raise ValueError("the gate needs eval_team (the team command run on eval_tasks)")
         if not self.agents:
             raise ValueError("agents: the aliases the team's agents ask for (one adapter each)")

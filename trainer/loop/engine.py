@@ -140,6 +140,7 @@ class Loop:
         self.data.setdefault("next_task", 0)
         self.registry = Path(cfg.serve.registry or self.work / "registry")
         self.server: Any = None
+        self._fresh: list[Path] = []  # the span files a live round collected
         self.base_url = cfg.server or ""
 
     # -- the run -----------------------------------------------------------------------------
@@ -318,6 +319,7 @@ class Loop:
             record["next_task"] = start + len(chunk)
             return [run.spans]
         fresh = self._wait_for_traces(r, record)
+        self._fresh = fresh or []  # the gate's inputs (gate.inputs)
         if fresh and cfg.replay_k:
             replayed = self._replay(r, rdir, fresh, record)
             return fresh + ([replayed] if replayed else [])
@@ -500,6 +502,44 @@ class Loop:
         self.state.save()
         return scores
 
+    def _replayed_scores(self, r: int, aliases: dict[str, str], out: Path) -> dict[str, float]:
+        """A live service's held-out check: the round's newest ``gate.inputs`` real inputs
+        played again on the versions ``aliases`` points at, at the rollouts' temperature (as
+        the service samples), scored per input by the team's own results, else by the
+        episodes' rewards: the judge's verdicts (``[judge] rubric``), the recipe, inline."""
+        import pyarrow.parquet as pq
+
+        from agl_bridge.trainer.conversion import convert
+        from agl_bridge.trainer.judging import judge_spans
+        from agl_bridge.trainer.loop.replay import read_replay_spans, replay_inputs
+
+        cfg = self.cfg
+        tasks = replay_inputs(read_replay_spans(self._fresh, cfg.replay_field),
+                              field_name=cfg.replay_field).tasks[-cfg.gate.inputs:]
+        table = out / ALIASES_FILE
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(json.dumps({"aliases": aliases}))
+        log(f"round {r} gate: {len(tasks)} real input(s) replayed on {aliases} ...")
+        with self.state.timed("gate (replayed inputs)"):
+            run = self._team(cfg.replay_team or cfg.eval_team or cfg.team or "", tasks, out,
+                             rollouts=cfg.eval_rollouts, temperature=cfg.temperature,
+                             aliases=table)
+            scores = task_scores(run.results)
+            if scores or not run.spans.is_dir():
+                return scores
+            if cfg.judge.rubric is not None:
+                judge_spans(run.spans, dataclasses.replace(
+                    cfg.judge, base_url=cfg.judge.base_url or self.base_url,
+                    model=cfg.judge.model or BASE, tokenizer=cfg.judge.tokenizer or cfg.model,
+                    max_episodes=None), progress=False)
+            convert(run.spans, out / "transitions.parquet", cfg.convert)
+        rewards: dict[str, list[float]] = {}
+        got = pq.read_table(out / "transitions.parquet", columns=["task_id", "reward"])
+        for task, reward in zip(got["task_id"].to_pylist(), got["reward"].to_pylist()):
+            if task is not None and reward is not None:
+                rewards.setdefault(task, []).append(reward)
+        return {t: math.fsum(v) / len(v) for t, v in rewards.items()}
+
     def _evaluate(self, label: str) -> None:
         """The held-out evaluation of the live versions before the first round (``baseline``)
         and after the last (``final``)."""
@@ -537,13 +577,18 @@ class Loop:
             load_and_probe([self.base_url], candidate[alias], Path(directory))
         record["candidate"] = candidate
         gate_tasks = cfg.gate.tasks or cfg.eval_tasks
-        if cfg.gate.rule == "off" or gate_tasks is None:
+        if cfg.gate.rule == "off" or (gate_tasks is None and not cfg.gate.inputs):
             record["gate"] = {"publish": True, "rule": "gate off"}
             return True
-        live = self._scores(f"round {r} gate: live", dict(self.data["live"]),
-                            rdir / "gate-live", gate_tasks)
-        cand = self._scores(f"round {r} gate: candidate", candidate, rdir / "gate-candidate",
-                            gate_tasks)
+        if cfg.gate.inputs:
+            live, cand = (self._replayed_scores(r, versions, rdir / f"gate-{label}")
+                          for label, versions in (("live", dict(self.data["live"])),
+                                                  ("candidate", candidate)))
+        else:
+            live = self._scores(f"round {r} gate: live", dict(self.data["live"]),
+                                rdir / "gate-live", gate_tasks or "")
+            cand = self._scores(f"round {r} gate: candidate", candidate,
+                                rdir / "gate-candidate", gate_tasks or "")
         decision = gate(live, cand, rule=cfg.gate.rule, tolerance=cfg.gate.tolerance)
         record["gate"] = decision.as_dict()
         log(f"round {r} gate: {'publish' if decision.publish else 'REFUSED'}: {decision.rule}")

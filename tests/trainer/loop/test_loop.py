@@ -331,3 +331,41 @@ def test_a_loop_adopts_a_registry_filled_before_it(tmp_path, tiny):
         with pytest.raises(ValueError, match=r"solver@v2 is .*another adapter.*new --workdir"):
             Loop(setup(tmp_path, tiny, server, workdir=str(tmp_path / "loop3"))).run()
         assert time.monotonic() - t0 < 30 and not (tmp_path / "loop3" / "round00").exists()
+
+
+@pytest.mark.parametrize("scored_by", ["results", "rewards"])
+def test_a_live_service_is_gated_on_its_real_inputs_replayed(tmp_path, tiny, scored_by):
+    """Issue 29.6: no held-out tasks, no harness: the gate replays the round's newest real
+    inputs on the live version and on the candidate and compares them with the interval rule,
+    scored by the team's results, or (a team that writes none) by the episodes' rewards."""
+    from agl_bridge.aliases import AliasTable
+    from agl_bridge.trainer.loop.team import run_team
+
+    team = TEAM if scored_by == "results" else (
+        f"sh -c 'AGL_BRIDGE_RESULTS=/dev/null exec {sys.executable} {AGENTS / 'loop_team.py'}'")
+    with server_for(bad={"solver@v1"}) as server:
+        aliases = AliasTable(tmp_path / "prod-aliases.json")
+        aliases.write({"solver": "base"})
+        run_team(TEAM, [{"task_id": f"p{i}", "number": i} for i in range(6)],
+                 tmp_path / "prod", base_url=server.base_url, aliases=aliases.path)
+        server.requests.clear()
+        cfg = setup(tmp_path, tiny, server, team=None, tasks=None,
+                    traces=str(tmp_path / "prod" / "spans"), settle_s=0.0, min_episodes=6,
+                    max_wait_s=5.0, rounds=1, eval_tasks=None, replay_team=team,
+                    replay_field="app.number", **{"gate.inputs": 4})
+        data = Loop(cfg).run()
+        asked = {(b["model"], b["messages"][-1]["content"]) for b in server.requests
+                 if b.get("messages") and b["messages"][-1]["content"].startswith("say")}
+    (r0,) = data["rounds"]
+    assert r0["gate"]["n"] == 4 and r0["gate"]["publish"] is False
+    assert r0["gate"]["live"] == 1.0 and r0["gate"]["candidate"] == 0.0
+    assert asked >= {(m, f"say {n}") for m in ("base", "solver@v1") for n in (2, 3, 4, 5)}
+    assert data["live"] == {"solver": "base"} and "solver@v1" not in server.adapters
+
+
+def test_gate_inputs_need_live_traces_and_a_replay_command():
+    on = {"gate.rule": "not_worse"}
+    _refused({**on, "gate.inputs": 4}, "gate.inputs replays real inputs of a live traces")
+    _refused({**on, "team": None, "tasks": None, "traces": "live"},
+             re.escape("gate.inputs (real inputs replayed: a live service)"))
+    _refused({**on, "gate.inputs": -1}, "inputs must be 0 or more")
