@@ -157,8 +157,8 @@ def coerce(tp: Any, value: Any) -> Any:
         return value if isinstance(value, bool) else _NOT
     if tp is int:
         return value if isinstance(value, int) and not isinstance(value, bool) else _NOT
-    if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is float:  # nan compares false with every bound: never a setting's value
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
         return float(value) if ok else _NOT
     if isinstance(tp, type):
         return value if isinstance(value, tp) else _NOT

@@ -44,6 +44,8 @@ class GateConfig:
         check_choices(self)
         if self.inputs < 0:
             raise ValueError(f"inputs must be 0 or more, got {self.inputs!r}")
+        if self.tolerance < 0:
+            raise ValueError(f"tolerance must be 0 or more, got {self.tolerance!r}")
 
 
 @dataclass
@@ -58,6 +60,8 @@ class WatchConfig:
         check_choices(self)
         if self.episodes < 1:
             raise ValueError(f"episodes must be at least 1, got {self.episodes!r}")
+        if self.margin < 0:
+            raise ValueError(f"margin must be 0 or more, got {self.margin!r}")
 
 
 @dataclass
@@ -153,9 +157,15 @@ class LoopConfig:
                 raise ValueError(f"replay_inputs must be at least 1, got {self.replay_inputs!r}")
             if (self.replay_team or self.eval_team or self.team) is None:
                 raise ValueError("replay needs a team command: replay_team (or eval_team)")
-        for name in ("tasks_per_round", "rollouts", "min_episodes", "rounds", "eval_rollouts"):
+        for name in ("tasks_per_round", "rollouts", "min_episodes", "rounds", "eval_rollouts",
+                     "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        for name in ("temperature", "eval_temperature", "settle_s", "max_wait_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)!r}")
+        if not self.minutes > 0:
+            raise ValueError(f"minutes must be more than 0, got {self.minutes!r}")
         return self
 
     @property

@@ -42,6 +42,7 @@ from agl_bridge.trainer.loop.state import LoopState
 from agl_bridge.trainer.loop.team import TeamRun, run_team, task_scores
 from agl_bridge.trainer.loop.watch import watch
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
+from agl_bridge.trainer.training.config import NothingToTrain
 
 BASE = "base"  # the base model's served name, which every alias points at first
 RECENT = 2000  # rewards kept per version for the watch
@@ -462,7 +463,7 @@ class Loop:
                     **values(cfg.convert), **{**values(cfg.train), "seed": cfg.train.seed + r,
                                               "train_agents": cfg.train.train_agents
                                               or cfg.agents})
-            except ValueError as exc:  # no transitions: nothing to learn from this round
+            except NothingToTrain as exc:  # any other error is a fault: it stops the loop
                 log(f"round {r}: nothing to train on ({str(exc).splitlines()[0]})")
                 record["trained"] = False
                 return None

@@ -16,6 +16,12 @@ LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
 SftSelect = Literal["best", "threshold"]
 
 
+class NothingToTrain(ValueError):
+    """No transition to train on (none converted, none of ``train_agents``, none selected for
+    SFT): a round with nothing to learn from, which the loop goes on after. Every other error
+    is a fault and stops it."""
+
+
 @dataclass
 class GRPOConfig:
     """The training stage's settings (``agl-bridge train``, ``train_from_traces``, the loop's

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from agl_bridge import settings
 from agl_bridge.trainer.conversion import ConversionStats, ConvertConfig, convert
-from agl_bridge.trainer.training.config import GRPOConfig
+from agl_bridge.trainer.training.config import GRPOConfig, NothingToTrain
 
 
 @dataclass
@@ -121,7 +121,7 @@ def train_from_traces(
         if world > 1:
             _barrier()
         if stats is not None and stats.transitions == 0:
-            raise ValueError(f"no transitions from {traces}:\n{stats.summary()}")
+            raise NothingToTrain(f"no transitions from {traces}:\n{stats.summary()}")
         if not transitions.exists():
             raise FileNotFoundError(f"{transitions}: rank 0's conversion is not there; under "
                                     "torchrun on several hosts, output_dir must be shared")

@@ -44,7 +44,13 @@ from agl_bridge.trainer.training.checkpoints import (
     save_checkpoint,
     save_sharded_checkpoint,
 )
-from agl_bridge.trainer.training.config import GRPOConfig, Objective, Policy, TrainResult
+from agl_bridge.trainer.training.config import (
+    GRPOConfig,
+    NothingToTrain,
+    Objective,
+    Policy,
+    TrainResult,
+)
 from agl_bridge.trainer.training.data import batches, collate, pack_rows, read_transitions
 from agl_bridge.trainer.training.distributed import (
     all_reduce_grads,
@@ -102,7 +108,7 @@ def train_policy(
         raise ValueError(f"objective must be grpo or sft, got {objective!r}")
     table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
     if table.num_rows == 0:
-        raise ValueError("no transitions to train on (see the converter's skip counts)")
+        raise NothingToTrain("no transitions to train on (see the converter's skip counts)")
     columns = ["prompt_ids", "completion_ids", "completion_mask", "reward", "group_id",
                "behaviour_logprobs", "agent_name", "episode_id"]
     if "advantage" in table.column_names:
@@ -112,7 +118,7 @@ def train_policy(
         wanted = set(cfg.train_agents)
         rows = [r for r in rows if r["agent_name"] in wanted]
         if not rows:
-            raise ValueError(f"no transitions of train_agents {sorted(wanted)} (agents in the "
+            raise NothingToTrain(f"no transitions of train_agents {sorted(wanted)} (agents in the "
                              f"data: {sorted({str(a) for a in table['agent_name'].to_pylist()})})")
     for i, r in enumerate(rows):
         if not math.isfinite(r["reward"]):
@@ -122,7 +128,7 @@ def train_policy(
                               np.array([str(r["group_id"]) for r in rows]), cfg.sft_select,
                               cfg.sft_min_reward)
         if not keep.any():
-            raise ValueError(
+            raise NothingToTrain(
                 f"SFT selected none of {len(rows)} transitions (sft_select="
                 f"{cfg.sft_select!r}, sft_min_reward={cfg.sft_min_reward}): "
                 + ("no group has a reward above another member's; give sft_min_reward"

@@ -213,6 +213,14 @@ def test_replay_settings_are_checked(settings, problem):
     ({"train.learning_rate": "fast"}, "train.learning_rate = 'fast': expected a number"),
     ({"train.learnin_rate": 1e-4}, "unknown setting train.learnin_rate"),
     ({"rounds": True}, "rounds = true: expected an integer"),
+    # issue 30.4: each refused before anything runs, named, never "nothing to train"
+    ({"rounds": "3"}, "rounds = '3': expected an integer"),
+    ({"gate.tolerance": float("nan")}, "gate.tolerance = NaN: expected a number"),
+    ({"gate.tolerance": -0.1}, "tolerance must be 0 or more"),
+    ({"watch.margin": float("nan")}, "watch.margin = NaN: expected a number"),
+    ({"temperature": -1.0}, "temperature must be 0 or more"),
+    ({"minutes": 0}, "minutes must be more than 0"),
+    ({"max_tokens": 0}, "max_tokens must be at least 1"),
 ])
 def test_training_settings_are_checked(settings, problem):
     _refused(settings, problem)
@@ -369,3 +377,28 @@ def test_gate_inputs_need_live_traces_and_a_replay_command():
     _refused({**on, "team": None, "tasks": None, "traces": "live"},
              re.escape("gate.inputs (real inputs replayed: a live service)"))
     _refused({**on, "gate.inputs": -1}, "inputs must be 0 or more")
+
+
+def test_an_error_in_training_stops_the_loop_and_only_no_data_goes_on(tmp_path, tiny,
+                                                                       monkeypatch):
+    """Issue 30.4: the loop took any ValueError from training as "nothing to train on" and
+    went on (exit 0, nothing trained); only NothingToTrain is that now."""
+    import agl_bridge.trainer.training.from_traces as from_traces
+    from agl_bridge.trainer.training.config import NothingToTrain
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug, not an empty round")
+
+    monkeypatch.setattr(from_traces, "train_from_traces", broken)
+    with server_for(bad=set()) as server:
+        with pytest.raises(ValueError, match="a bug, not an empty round"):
+            Loop(setup(tmp_path, tiny, server, rounds=1, eval_tasks=None,
+                       **{"gate.rule": "off"})).run()
+
+        def empty(*args, **kwargs):
+            raise NothingToTrain("no transitions from the round")
+
+        monkeypatch.setattr(from_traces, "train_from_traces", empty)
+        data = Loop(setup(tmp_path, tiny, server, rounds=1, eval_tasks=None,
+                          workdir=str(tmp_path / "loop2"), **{"gate.rule": "off"})).run()
+    assert data["rounds"][0]["trained"] is False
