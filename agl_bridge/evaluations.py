@@ -55,7 +55,13 @@ def _score(value: float | Mapping[str, float]) -> tuple[float, dict[str, float]]
             if not isinstance(part, str) or not part:
                 raise ValueError(f"feedback: part names must be non-empty strings, got {part!r}")
             parts[part] = finite(v, f"part {part!r}")
-        return math.fsum(parts.values()), parts
+        try:
+            total = math.fsum(parts.values())
+        except OverflowError:
+            total = math.inf
+        if not math.isfinite(total):
+            raise ValueError("feedback: the parts sum past the range of a number")
+        return total, parts
     return finite(value, "value"), {}
 
 

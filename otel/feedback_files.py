@@ -30,6 +30,7 @@ from agl_bridge.otel.parquet_writer import SpanParquetWriter
 from agl_bridge.otel.rows import evaluation_row
 
 COLUMNS = ("id", "value", "name", "kind", "agent", "label", "explanation", "time")
+MAX_UNIX_S = 2**63 / 1e9  # int64 nanoseconds
 MAX_BAD_LISTED = 50
 _BATCH = 5_000
 
@@ -98,7 +99,11 @@ def _number(value: Any, what: str) -> float:
             raise ValueError(f"{what} {value!r} is not a number") from None
     if not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise ValueError(f"{what} is past the range of a number ({len(str(value))} digits)"
+                         ) from None
     if not math.isfinite(value):
         raise ValueError(f"{what} must be finite, got {value!r}")
     return value
@@ -106,19 +111,27 @@ def _number(value: Any, what: str) -> float:
 
 def _time_ns(value: Any) -> int:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(_number(value, "time") * 1e9)
+        return _unix_ns(_number(value, "time"))
     text = str(value).strip()
     try:
-        return int(float(text) * 1e9)
-    except ValueError:
-        pass
+        return _unix_ns(_number(text, "time"))
+    except ValueError as exc:
+        if "is not a number" not in str(exc):
+            raise
     try:
         when = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(f"time {text!r} is neither unix seconds nor ISO 8601") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=_dt.timezone.utc)
-    return int(when.timestamp() * 1e9)
+    return _unix_ns(when.timestamp())
+
+
+def _unix_ns(seconds: float) -> int:
+    """Nanoseconds since 1970, refused outside what a span's timestamp holds (year 2262)."""
+    if not 0 <= seconds < MAX_UNIX_S:
+        raise ValueError(f"time {seconds!r} is not unix seconds between 1970 and 2262")
+    return int(seconds * 1e9)
 
 
 def _row(record: dict[str, Any], now_ns: int) -> dict[str, Any]:
@@ -163,7 +176,7 @@ def import_feedback(sources: list[str | os.PathLike[str]], out: str | os.PathLik
                         if isinstance(record, str):
                             raise ValueError(record)
                         rows.append(_row(record, start + lineno))  # later lines win ties
-                    except (ValueError, TypeError) as exc:
+                    except (ValueError, TypeError, ArithmeticError) as exc:  # one row: named
                         summary.bad_count += 1
                         if len(summary.bad) < MAX_BAD_LISTED:
                             summary.bad.append(f"{where}: {exc}")

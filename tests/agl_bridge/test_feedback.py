@@ -193,3 +193,28 @@ def test_feedback_by_response_id_scores_that_calls_agent_and_turn_only():
     assert set(rewards(("e", 1.0, {})).values()) == {1.0}  # an episode id: every transition
     assert rewards(("episode:e", 1.0, {"agent": "planner"})) == {
         ("planner", 0): 1.0, ("analyst", 0): 0.0, ("planner", 1): 1.0, ("analyst", 1): 0.0}
+
+
+def test_one_row_past_the_range_of_a_number_is_quarantined_and_the_rest_imported(tmp_path):
+    """Issue 30.5: a time of 1e300, parts that sum past the float range or an integer of 400
+    digits raised OverflowError: 0 rows stored, nothing quarantined, and a good file given in
+    the same call lost too. Now each is one bad row, named, and everything else is kept."""
+    from agl_bridge.otel.feedback_files import import_feedback
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "e1", "value": 1.0, "time": 1e300},
+        {"id": "e1", "value": {"a": 1e308, "b": 1e308}},
+        {"id": "e1", "value": 10 ** 400},
+        {"id": "e1", "value": 1.0, "time": -5},
+        {"id": "e1", "value": 0.5, "time": "2026-11-02T10:00:00Z"},
+    ]) + "\n")
+    good = tmp_path / "good.csv"
+    good.write_text("id,value\ne2,1.0\n")
+    summary = import_feedback([bad, good], tmp_path / "traces")
+    assert (summary.rows, summary.imported, summary.bad_count) == (6, 2, 4)
+    assert [line.split(": ", 1)[0] for line in summary.bad] == [f"{bad}:{n}" for n in (1, 2, 3, 4)]
+    assert "between 1970 and 2262" in summary.bad[0] and "sum past" in summary.bad[1]
+    assert "401 digits" in summary.bad[2]
+    quarantined = list((tmp_path / "traces" / "_quarantine").glob("*.jsonl"))
+    assert sum(len(q.read_text().splitlines()) for q in quarantined) == 4
