@@ -233,7 +233,7 @@ def read_text(path: str | Path, what: str = "") -> str:
             raise SettingError(f"{where}: cannot read it (not a regular file)")
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise SettingError(f"{where}: {size} bytes; a settings file is at most "
+            raise SettingError(f"{where}: {size} bytes; a file read here is at most "
                                f"{MAX_FILE_BYTES}")
         return p.read_bytes().decode()
     except OSError as exc:

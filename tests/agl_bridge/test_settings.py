@@ -189,7 +189,7 @@ def test_files_that_are_not_settings_are_refused_by_name(tmp_path):
         read_file(zero)
     big = tmp_path / "big.toml"
     big.write_text("# " + "x" * (1 << 20) + "\n")
-    with pytest.raises(SettingError, match="a settings file is at most 1048576"):
+    with pytest.raises(SettingError, match="a file read here is at most 1048576"):
         read_file(big)
     target = tmp_path / "real.toml"
     target.write_text("lora_r = 4\n")

@@ -60,15 +60,19 @@ class LoraPair:
 
 
 def _read_config(d: Path) -> dict[str, Any]:
+    """The config as JSON, read only from a regular file of at most 1 MiB: a link to
+    ``/dev/zero`` grew the publisher until the OOM killer came, a FIFO hung it."""
+    from agl_bridge.settings import SettingError, read_text
+
     path = d / CONFIG_FILE
+    if not path.exists() and not path.is_symlink():
+        raise PublishError(f"{d}: not a PEFT adapter (no {CONFIG_FILE})")
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PublishError(f"{d}: not a PEFT adapter (no {CONFIG_FILE})") from None
+        return json.loads(read_text(path, "adapter config"))
+    except SettingError as exc:
+        raise PublishError(str(exc)) from None
     except (ValueError, RecursionError) as exc:
         raise PublishError(f"{path}: not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise PublishError(f"{path}: unreadable ({exc})") from None
 
 
 def _weights_file(d: Path) -> Path:

@@ -245,6 +245,31 @@ def test_weights_that_are_not_a_regular_file(tmp_path):
     refused(d, re.escape("corrupt safetensors file (not a regular file)"))
 
 
+@pytest.mark.parametrize("special", ["dev_zero", "fifo", "huge", "directory"])
+def test_a_config_that_is_not_a_small_regular_file_is_refused_quickly(tmp_path, special):
+    """Issue 30.6: the config linked to /dev/zero grew the publisher to 19 GB until the OOM
+    killer came; a FIFO hung it. Only a regular file of at most 1 MiB is read."""
+    import os
+    import time
+
+    d = write_adapter(tmp_path / "team" / "v0001")
+    config = d / "adapter_config.json"
+    config.unlink()
+    if special == "dev_zero":
+        config.symlink_to("/dev/zero")
+    elif special == "fifo":
+        os.mkfifo(config)
+    elif special == "huge":
+        config.write_text('{"r": 8, "pad": "' + "x" * (2 << 20) + '"}')
+    else:
+        config.mkdir()
+    t0 = time.monotonic()
+    refused(d, "adapter config .*adapter_config.json: " + (
+        "[0-9]+ bytes; a file read here is at most" if special == "huge"
+        else re.escape("cannot read it (not a regular file)")))
+    assert time.monotonic() - t0 < 5
+
+
 # -- the base model --------------------------------------------------------------------------
 def base_model(tmp_path, vocab=100):
     d = tmp_path / "base"
