@@ -239,6 +239,8 @@ def iter_parquet_files(source: str | os.PathLike[str] | Iterable[str | os.PathLi
             yield from files
         elif p.is_file():
             yield p
+        elif p.exists() or p.is_symlink():  # a FIFO, a device, a broken or looping link
+            raise FileNotFoundError(f"{p}: not a regular file or a directory")
         else:
             raise FileNotFoundError(f"no such file or directory: {p}")
 

@@ -122,7 +122,9 @@ def convert(source: Source, out_path: str | os.PathLike[str],
         otlp = otlp_json_files(source)
         if otlp:
             return _convert_otlp(source, otlp, job)
-        return _convert_files(span_files(source), f" (under {source})", job, extra)
+        skipped: list[tuple[Path, str]] = []
+        files = span_files(source, skipped)
+        return _convert_files(files, f" (under {source})", job, extra, skipped)
 
 
 @dataclass(frozen=True)
@@ -163,8 +165,8 @@ def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
     return cfg
 
 
-def _convert_files(files: list[Path], where: str, job: _Job, extra: Sequence[Path] = ()
-                   ) -> ConversionStats:
+def _convert_files(files: list[Path], where: str, job: _Job, extra: Sequence[Path] = (),
+                   skipped: Sequence[tuple[Path, str]] = ()) -> ConversionStats:
     cfg, part = job.cfg, job.part
     seen = {p.resolve() for p in files}
     found = scan_files(files + [p for p in extra if p.resolve() not in seen])
@@ -173,6 +175,8 @@ def _convert_files(files: list[Path], where: str, job: _Job, extra: Sequence[Pat
     stats = _route(files, where, job, resolved.rewards if resolved else None)
     if job.first_part:
         _note(stats, resolved)
+        for path, why in skipped:  # named, the others converted
+            stats.notes[reasons.unreadable_file(path.name, why)] += 1
     else:  # counted once, by part 0: the files, and what the evaluation records came to
         stats.files = 0
         for key in [k for k in stats.notes if k.startswith(reasons.UNREADABLE_FILE_PREFIX)]:

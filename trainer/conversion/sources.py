@@ -1,10 +1,10 @@
 """Where spans come from: span Parquet files (one, a tree of partitions, a list) or the
 OpenTelemetry Collector's OTLP/JSON files, checked before anything is converted.
 
-A file that lacks a required column is refused by name (``SchemaError``: it is not span
-Parquet). A file that cannot be read (truncated, not Parquet) or whose columns have the wrong
-types is skipped, named in the notes with the column and the types, and the others are
-converted.
+A path that is no span Parquet file (a FIFO or device named ``*.parquet``, a broken or looping
+link, not Parquet, truncated, a required column missing) or whose columns have the wrong types
+is skipped, named in the notes with why, and the others are converted: the live loop converts a
+whole trace directory, where one odd file must not stop training.
 """
 
 from __future__ import annotations
@@ -44,10 +44,33 @@ def otlp_json_files(source: Source) -> list[Path]:
     return out
 
 
-def span_files(source: Source) -> list[Path]:
-    files = list(iter_parquet_files(_sources(source)))
+def span_files(source: Source, skipped: list[tuple[Path, str]] | None = None) -> list[Path]:
+    """The span Parquet files of ``source``. A path that is none (a FIFO or a device named
+    ``*.parquet``, which would block or never end; a broken or looping link; not Parquet; no
+    required column) is left out and added to ``skipped`` with why: one odd file in a live
+    directory must not stop the conversion of the others. Without ``skipped``, it is an error
+    naming it."""
+    files: list[Path] = []
+    for path in iter_parquet_files(_sources(source)):
+        try:
+            if not path.is_file():  # never opened: a FIFO's reader waits for a writer
+                raise OSError(f"{path}: not a regular file")
+            names = pq.read_schema(path).names  # the footer only
+            missing = [c for c in REQUIRED_SPAN_COLUMNS if c not in names]
+            if missing:
+                raise SchemaError(f"{path}: missing required column(s) "
+                                  f"{', '.join(repr(c) for c in missing)} (not span Parquet)")
+        except (OSError, pa.ArrowInvalid, SchemaError) as exc:
+            if skipped is None:
+                raise
+            text = str(exc)
+            skipped.append((path, text.split(": ", 1)[1] if text.startswith(f"{path}: ")
+                            else why(exc)))
+            continue
+        files.append(path)
     if not files:
-        raise FileNotFoundError(f"no span Parquet files under {source} (nor OTLP/JSON files)")
+        raise FileNotFoundError(f"no span Parquet files under {source} (nor OTLP/JSON files)"
+                                + "".join(f"; skipped {p}: {w}" for p, w in (skipped or [])[:5]))
     return files
 
 

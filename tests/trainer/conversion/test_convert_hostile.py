@@ -112,3 +112,33 @@ def test_a_directory_of_collector_json_files_converts(tmp_path):
 def test_an_empty_table_of_the_span_schema_converts_to_nothing():
     out, stats = spans_to_transitions(SPAN_SCHEMA.empty_table())
     assert out.num_rows == 0 and stats.spans == 0 and stats.transitions == 0
+
+
+def test_odd_files_in_a_span_directory_are_skipped_by_name_and_the_rest_converted(tmp_path):
+    """Issue 30.7: a FIFO named x.parquet hung convert; a Parquet file without the required
+    columns or a link that loops stopped it with nothing converted. Each is skipped and named."""
+    import os
+    import time
+
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    pq.write_table(table([llm("e1", 1), reward("e1", 2, 1.0)]), spans / "good.parquet")
+    os.mkfifo(spans / "fifo.parquet")
+    (spans / "zero.parquet").symlink_to("/dev/zero")
+    (spans / "loop.parquet").symlink_to("loop.parquet")
+    (spans / "broken.parquet").symlink_to("gone.parquet")
+    (spans / "text.parquet").write_text("not parquet")
+    pq.write_table(pa.table({"x": [1]}), spans / "other.parquet")
+    (spans / "up").symlink_to("..")  # a directory loop
+    t0 = time.monotonic()
+    stats = convert(spans, tmp_path / "t.parquet")
+    assert time.monotonic() - t0 < 30
+    assert stats.transitions == 1 and stats.files == 1
+    skipped = {k for k in stats.notes if k.startswith("unreadable file skipped")}
+    for name in ("fifo", "zero", "loop", "broken"):
+        assert any(f"{name}.parquet (not a regular file)" in k for k in skipped), name
+    assert any("text.parquet (ArrowInvalid)" in k for k in skipped)
+    assert any("other.parquet (missing required column(s)" in k for k in skipped)
+    assert len(skipped) == 6
+    with pytest.raises(FileNotFoundError, match=r"fifo\.parquet: not a regular file"):
+        convert(spans / "fifo.parquet", tmp_path / "u.parquet")
