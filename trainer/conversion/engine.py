@@ -116,7 +116,8 @@ def convert(source: Source, out_path: str | os.PathLike[str],
         part = check_part(part)
         if part[1] > 1 and finish and cfg.baselines[0] not in (GROUP, "none"):
             raise ValueError(_PART_BASELINE)  # every transition would need it: say so now
-    extra = span_files(evaluations_from) if evaluations_from is not None else []
+    # where late evaluations may be: an odd file there is skipped (and named if converted)
+    extra = span_files(evaluations_from, []) if evaluations_from is not None else []
     job = _Job(Path(out_path), cfg, max_rows_in_memory, progress, part, finish)
     with short_lived_arrays() if tune_allocators else nullcontext():
         otlp = otlp_json_files(source)

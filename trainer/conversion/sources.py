@@ -159,8 +159,12 @@ def conform_types(table: pa.Table) -> pa.Table:
 
 def read_spans(source: Source, stats: ConversionStats | None = None,
                columns: Sequence[str] | None = None) -> pa.Table:
-    """Span Parquet (file, directory tree or list) as one table. See ``read_tables``."""
-    tables = list(read_tables(span_files(source), stats, columns))
+    """Span Parquet (file, directory tree or list) as one table. See ``read_tables``; with
+    ``stats``, what is no span file is skipped and named there too."""
+    skipped: list[tuple[Path, str]] | None = [] if stats is not None else None
+    tables = list(read_tables(span_files(source, skipped), stats, columns))
+    for path, why in skipped or []:
+        stats.notes[reasons.unreadable_file(path.name, why)] += 1  # type: ignore[union-attr]
     if not tables:
         return SPAN_SCHEMA.empty_table() if columns is None else pa.schema(
             [SPAN_SCHEMA.field(c) for c in columns]).empty_table()

@@ -55,6 +55,8 @@ class Episodes:
 
 def _read_file(path: Path) -> pa.Table:
     """The LLM spans of one file, in span schema types; raises ValueError naming the file."""
+    if not path.is_file():  # a FIFO named *.parquet would block the reader forever
+        raise ValueError(f"{path}: not a regular file; skipped")
     try:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names

@@ -374,8 +374,9 @@ class Loop:
         with self.state.timed("waiting for traces"):
             while True:
                 now = time.time()
-                fresh = [p for p in iter_parquet_files(cfg.traces or "")
-                         if str(p) not in consumed and now - p.stat().st_mtime >= cfg.settle_s]
+                fresh = [p for p in iter_parquet_files(cfg.traces or "")  # files: no FIFO
+                         if str(p) not in consumed and p.is_file()
+                         and now - p.stat().st_mtime >= cfg.settle_s]
                 rewarded = self._rewarded_episodes(fresh) if fresh else set()
                 if fresh and cfg.judge.rubric and self._judge(fresh, rewarded, judging):
                     rewarded = self._rewarded_episodes(fresh)

@@ -109,13 +109,15 @@ def read_replay_spans(source: str | Path | Sequence[str | Path],
     """The columns ``replay_inputs`` reads from span Parquet (a file, a directory tree or a
     list of them), evaluation records left out."""
     from agl_bridge.trainer.conversion import read_spans
+    from agl_bridge.trainer.conversion.config import ConversionStats
     from agl_bridge.trainer.conversion.evaluations import is_evaluation
 
     columns = ["trace_id", "span_id", "episode_id", "task_id", "operation_name",
                "start_time_unix_nano", "attributes", "evaluation_name", "evaluation_target"]
     if field_name and field_name not in columns:
         columns.append(field_name)
-    table = read_spans(source, columns=[c for c in columns if c in SPAN_SCHEMA.names])
+    table = read_spans(source, ConversionStats(),  # a file that is no span file: skipped
+                       columns=[c for c in columns if c in SPAN_SCHEMA.names])
     return table.filter(pc.invert(is_evaluation(table)))
 
 

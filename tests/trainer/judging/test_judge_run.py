@@ -228,6 +228,7 @@ def test_malformed_spans_are_named_and_the_other_episodes_judged(tmp_path):
                         ids_only, nothing])
     (spans / "junk.parquet").write_bytes(b"PAR1 this is not parquet")
     pq.write_table(pa.table({"x": [1]}), spans / "other.parquet")
+    os.mkfifo(spans / "fifo.parquet")  # issue 30.7: it blocked the reader forever
     with ScriptedServer(script=absolute_script) as server:
         summary = judge(spans, server)
         assert len(server.requests) == 1
@@ -246,6 +247,8 @@ def test_malformed_spans_are_named_and_the_other_episodes_judged(tmp_path):
                    f"captured (capture level none?)"}
     problems = "\n".join(summary.problems)
     assert f"{spans / 'junk.parquet'}: unreadable (ArrowInvalid" in problems
+    assert f"{spans / 'fifo.parquet'}: not a regular file; skipped" in problems
+    (spans / "fifo.parquet").unlink()  # this test's own reader below reads every file
     assert f"{spans / 'other.parquet'}: not span Parquet (no column trace_id, span_id, " \
            f"operation_name); skipped" in problems
     assert f"{spans / 'part-0.parquet'}: span tb/{bad_json['span_id']}: attributes are not " \

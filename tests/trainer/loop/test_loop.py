@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge.settings import SettingError, build
@@ -167,6 +169,9 @@ def test_live_replay_turns_new_episodes_into_groups(tmp_path, tiny):
         aliases.write({"solver": "base"})
         run_team(TEAM, [{"task_id": f"p{i}", "number": i} for i in range(6)],
                  tmp_path / "prod", base_url=server.base_url, aliases=aliases.path)
+        # issue 30.7: odd files in the live directory are skipped, not fatal to the round
+        os.mkfifo(tmp_path / "prod" / "spans" / "odd.parquet")
+        pq.write_table(pa.table({"x": [1]}), tmp_path / "prod" / "spans" / "other.parquet")
         server.requests.clear()
         cfg = setup(tmp_path, tiny, server, team=None, tasks=None,
                     traces=str(tmp_path / "prod" / "spans"), settle_s=0.0, min_episodes=6,
