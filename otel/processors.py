@@ -17,11 +17,15 @@ over (keys the span set itself are kept, and the checked path for spans at their
 
 from __future__ import annotations
 
+import logging
 import os
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from agl_bridge import semconv as sc
 from agl_bridge.otel.attributes import _FAST, stamp_starting_span
@@ -33,6 +37,7 @@ except ImportError:  # pragma: no cover - the SDK is a dependency
     _Bounded = None  # type: ignore[assignment,misc]
 
 _OURS = sc.INSTRUMENTATION_SCOPE
+logger = logging.getLogger(__name__)
 
 
 class ScopeSpanProcessor(SpanProcessor):
@@ -137,3 +142,64 @@ def keep_training_data_out(provider: Any) -> None:
     add = provider.add_span_processor
     provider.add_span_processor = lambda p: add(guarded(p))
     provider._agl_bridge_guarded = True
+
+
+# -- bounded shutdown, counted losses ---------------------------------------------------------
+SHUTDOWN_BOUND_S = 10.0  # a program's exit waits at most this for our exporters
+
+
+class _CountedExporter(SpanExporter):
+    """Counts the spans an exporter refused (a failure result, or an exception such as a full
+    disk), said once as a line, not a traceback per batch."""
+
+    def __init__(self, inner: SpanExporter, lost: Counter[str]) -> None:
+        self.inner, self.lost = inner, lost
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:  # any fault of the exporter: counted, never raised
+            if not self.lost["refused by the exporter"]:
+                logger.warning("agl_bridge: %s refused %d span(s): %s (counted from now on; the "
+                               "total is logged at shutdown)", type(self.inner).__name__,
+                               len(spans), exc)
+            result = SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self.lost["refused by the exporter"] += len(spans)
+        return result
+
+    def shutdown(self, *args: Any, **kwargs: Any) -> None:
+        self.inner.shutdown(*args, **kwargs)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class BoundedBatchSpanProcessor(BatchSpanProcessor):
+    """Our exporters' batch processor: shutdown returns within ``SHUTDOWN_BOUND_S`` whatever
+    the exporter does (an OTLP endpoint down or hanging held a program's exit for 30 s, the
+    SDK's join timeout, as each batch waited its own 10 s), and every span lost on the way (the
+    queue full, refused by the exporter, still queued at the bound) is counted and said in one
+    line at shutdown: ``lost``."""
+
+    def __init__(self, exporter: SpanExporter, **kwargs: Any) -> None:
+        self.lost: Counter[str] = Counter()
+        self.exporter_name = type(exporter).__name__
+        super().__init__(_CountedExporter(exporter, self.lost), **kwargs)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        queue = getattr(self._batch_processor, "_queue", None)
+        if queue is not None and len(queue) == queue.maxlen:  # the SDK drops the oldest
+            self.lost["dropped (queue full)"] += 1
+        super().on_end(span)
+
+    def shutdown(self) -> None:
+        batch = self._batch_processor
+        batch.shutdown(timeout_millis=int(SHUTDOWN_BOUND_S * 1000))
+        left = len(getattr(batch, "_queue", ()))
+        if left:
+            self.lost[f"not exported within the {SHUTDOWN_BOUND_S:g} s shutdown bound"] += left
+        if self.lost:
+            logger.warning("agl_bridge: %s: %d span(s) not exported: %s", self.exporter_name,
+                           sum(self.lost.values()),
+                           ", ".join(f"{n} {why}" for why, n in self.lost.items()))

@@ -24,14 +24,18 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
     ConsoleSpanExporter,
     SimpleSpanProcessor,
     SpanExporter,
 )
 
 from agl_bridge import _lazy
-from agl_bridge.otel.processors import ScopeSpanProcessor, keep_training_data_out, ours
+from agl_bridge.otel.processors import (
+    BoundedBatchSpanProcessor,
+    ScopeSpanProcessor,
+    keep_training_data_out,
+    ours,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +113,8 @@ def _processor(exporter: SpanExporter, batch: bool) -> SpanProcessor:
         return ours(SimpleSpanProcessor(exporter))
     delay = getattr(exporter, "MAX_EXPORT_DELAY_MS", None)
     if delay is not None and not os.environ.get(SCHEDULE_DELAY_ENV, "").strip():
-        return ours(BatchSpanProcessor(exporter, schedule_delay_millis=delay))
-    return ours(BatchSpanProcessor(exporter))
+        return ours(BoundedBatchSpanProcessor(exporter, schedule_delay_millis=delay))
+    return ours(BoundedBatchSpanProcessor(exporter))
 
 
 def _new_provider(service_name: str | None) -> TracerProvider:
