@@ -213,6 +213,8 @@ def publish(args: argparse.Namespace) -> int:
         print(f"published {args.adapter_dir} as {name}")
         return 0
     publisher = Publisher(**registry_settings(args))
+    for reloaded in publisher.reconcile():  # a restarted server gets its live versions first
+        print(f"loaded again: {reloaded}")
     name = publisher.publish(args.adapter_dir, alias=args.alias)
     live = publisher.live(args.alias)
     if live == name:
@@ -227,6 +229,8 @@ def rollback(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.serving.publisher import Publisher
 
     publisher = Publisher(**registry_settings(args))
+    for reloaded in publisher.reconcile():
+        print(f"loaded again: {reloaded}")
     name = publisher.rollback(args.alias, args.version)
     print(f"alias {args.alias} -> {name}")
     return 0
@@ -279,6 +283,12 @@ def serve(args: argparse.Namespace) -> int:
         (registry / "servers.json").write_text(json.dumps({
             "servers": [s.base_url for s in servers], "base_model": str(Path(args.model).resolve()),
             "max_lora_rank": cfg.max_lora_rank}, indent=2))
+        from agl_bridge.trainer.serving.publisher import Publisher
+
+        publisher = Publisher([s.base_url for s in servers], registry, base_model=args.model,
+                              max_lora_rank=cfg.max_lora_rank)
+        for reloaded in publisher.reconcile():  # a restart: the registry's live versions
+            print(f"loaded again: {reloaded}", flush=True)
         print(f"registry {registry}: agents set AGL_BRIDGE_ALIASES="
               f"{registry.resolve() / ALIASES_FILE}; Ctrl-C stops", flush=True)
         signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))

@@ -30,8 +30,9 @@ prompt as some servers do.
 /v1/load_lora_adapter`` (400 "has already been loaded" for a name it has; ``load_delay_s``
 stretches each load so that concurrent publishers overlap), ``POST /v1/unload_lora_adapter``
 (404 "cannot be found" for a name it lacks; ``unload_status`` other than 200 makes every
-unload fail with that status), a chat request for a model that is neither
-``base_model`` nor a loaded adapter gets 404 like vLLM's, and ``GET /metrics`` reports no
+unload fail with that status), ``GET /v1/models`` lists the base model and the loaded adapters
+with the path each was loaded from (``root``, as vLLM does), a chat request for a model that is
+neither ``base_model`` nor a loaded adapter gets 404 like vLLM's, and ``GET /metrics`` reports no
 running or waiting adapters. ``adapters`` maps loaded names to their paths; ``loads`` counts
 successful loads.
 """
@@ -107,6 +108,14 @@ class ScriptedServer:
                         server.version_hits += 1
                     if server.vllm:
                         return self._send(200, {"version": "0.32.0"})
+                if self.path == "/v1/models" and server.lora:  # as vLLM: adapters' root
+                    with server._lock:
+                        adapters = dict(server.adapters)
+                    return self._send(200, {"object": "list", "data": [
+                        {"id": server.base_model, "object": "model", "root": "base-dir",
+                         "parent": None},
+                        *({"id": n, "object": "model", "root": path,
+                           "parent": server.base_model} for n, path in adapters.items())]})
                 if self.path == "/metrics" and server.lora:
                     data = (b'vllm:lora_requests_info{max_lora="4",running_lora_adapters="",'
                             b'waiting_lora_adapters=""} 1.7e+09\n')

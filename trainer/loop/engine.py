@@ -273,6 +273,10 @@ class Loop:
         rdir = self.work / f"round{r:02d}"
         shutil.rmtree(rdir, ignore_errors=True)  # a round cut short starts again
         record: dict[str, Any] = {"round": r, "live_before": dict(self.data["live"])}
+        reloaded = self.publisher.reconcile()  # a restarted vLLM lost the live versions
+        if reloaded:
+            log(f"round {r}: the server had lost {', '.join(reloaded)}: loaded again")
+            record["reloaded"] = reloaded
         sources = self._collect(r, rdir, record)
         if sources is None:
             return False

@@ -10,3 +10,9 @@ class PublishError(RuntimeError):
     Every refusal of a bad adapter, a damaged registry or a failing server is this error, never
     an AttributeError/KeyError/TypeError from deep inside: callers (the CLI, the training loop)
     catch one type and show its message."""
+
+
+class NameTaken(PublishError):
+    """A server already serves the name from another adapter (another registry, another run):
+    nothing of this version may be recorded, or this registry's collector would unload the
+    other one's adapter."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agl_bridge.trainer.adapters import version_of
-from agl_bridge.trainer.serving.errors import PublishError
+from agl_bridge.trainer.serving.errors import NameTaken, PublishError
 from agl_bridge.trainer.serving.registry import (
     ALIASES_FILE,
     HISTORY_FILE,
@@ -85,6 +85,14 @@ def load_and_probe(servers: list[str], name: str, directory: Path, timeout_s: fl
             if status != 200 and "already" not in text.lower():
                 raise PublishError(f"{root} refused adapter {name} from {directory}: "
                                    f"HTTP {status}: {text.strip()[:500]}")
+            if status != 200:  # "already loaded": success only if it is this adapter
+                held = (served_models(server, timeout_s) or {}).get(name)
+                if held and Path(held).resolve() != directory.resolve():
+                    raise NameTaken(
+                        f"{root} already serves {name} from {held}, not {directory}: a server "
+                        f"keeps the weights it loaded first under a name. Unload it there "
+                        f"(POST {root}/v1/unload_lora_adapter) or publish with another "
+                        f"registry or run")
             status, text = _post(f"{root}/v1/chat/completions", {
                 "model": name, "max_tokens": 1,
                 "messages": [{"role": "user", "content": "ping"}]}, timeout_s)
@@ -94,6 +102,18 @@ def load_and_probe(servers: list[str], name: str, directory: Path, timeout_s: fl
         if answered != name:
             raise PublishError(f"adapter {name} loaded into {root} but the probe request "
                                f"failed: HTTP {status}: {text.strip()[:500]}")
+
+
+def served_models(server: str, timeout_s: float = 10.0) -> dict[str, str] | None:
+    """What a server serves now (``GET /v1/models``): name -> the path it was loaded from
+    (vLLM's ``root``); None when the server cannot be asked."""
+    try:
+        with urllib.request.urlopen(f"{_root(server)}/v1/models", timeout=timeout_s) as r:
+            data = json.loads(r.read())
+        return {m["id"]: str(m.get("root") or "") for m in data["data"]
+                if isinstance(m, dict) and isinstance(m.get("id"), str)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _unload(servers: list[str], name: str, timeout_s: float) -> bool:
@@ -177,6 +197,12 @@ class Publisher:
     def _load(self, alias: str, name: str, directory: Path) -> None:
         try:
             load_and_probe(self.servers, name, directory, self.timeout_s)
+        except NameTaken:  # not ours to record, nor to unload later
+            with self.store.transaction() as st:
+                v = st.find(alias, name)
+                if v is not None and v.state == "loading":
+                    st.history[alias].remove(v)
+            raise
         except BaseException:
             self._unpin(alias, name)
             raise
@@ -219,6 +245,21 @@ class Publisher:
             st.make_live(alias, v, time.time())
         self.collect()
         return name
+
+    def reconcile(self) -> list[str]:
+        """Load again, into each server that lacks it, every version the registry calls live:
+        a restarted vLLM has lost them all, and every call to them answered 404 until the next
+        publish. Returns what was loaded (``name on server``); a server that cannot be asked is
+        left for the next time."""
+        live = [v for vs in self.store.read_history().values() for v in vs if v.state == "live"]
+        done = []
+        for server in self.servers if live else []:
+            served = served_models(server, self.timeout_s)
+            for v in [] if served is None else live:
+                if v.name not in served:
+                    load_and_probe([server], v.name, Path(v.directory), self.timeout_s)
+                    done.append(f"{v.name} on {_root(server)}")
+        return done
 
     def busy(self) -> set[str]:
         """Adapters with running or waiting requests on any server (vLLM's own metrics)."""

@@ -407,3 +407,21 @@ def test_an_error_in_training_stops_the_loop_and_only_no_data_goes_on(tmp_path, 
         data = Loop(setup(tmp_path, tiny, server, rounds=1, eval_tasks=None,
                           workdir=str(tmp_path / "loop2"), **{"gate.rule": "off"})).run()
     assert data["rounds"][0]["trained"] is False
+
+
+def test_a_server_that_restarted_between_rounds_gets_the_live_versions_again(tmp_path, tiny):
+    """Issue 30.2: the loop reconciles the server with the registry at each round: after a
+    restart (the server's adapters gone), the live version is loaded again before the team
+    plays, instead of every call answering 404."""
+
+    class Restart(LoopCallback):
+        def on_round_end(self, loop, directory, record):
+            server.adapters.clear()
+
+    with server_for(bad=set()) as server:
+        data = Loop(setup(tmp_path, tiny, server, eval_tasks=None, **{"gate.rule": "off"}),
+                    callbacks=[Restart()]).run()
+    r0, r1 = data["rounds"]
+    assert r0["published"] == {"solver": "solver@v1"} and "reloaded" not in r0
+    assert r1["reloaded"] == [f"solver@v1 on {server.base_url.removesuffix('/v1')}"]
+    assert r1["team"]["episodes"] == 8 and r1["published"] == {"solver": "solver@v2"}

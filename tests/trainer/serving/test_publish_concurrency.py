@@ -244,3 +244,38 @@ def test_a_version_is_marked_unloaded_only_once_every_server_let_it_go(tmp_path)
         server.unload_status = 200
         assert Publisher([server.base_url], registry, drain_s=0).collect() == ["a@v1"]
         assert set(server.adapters) == {"a@v2"}
+
+
+def test_another_registry_publishing_the_same_name_to_the_server_is_refused(tmp_path):
+    """Issue 30.3: "already loaded" counted as success, so a second registry (or `loop --fresh`
+    against a running server) publishing `team@v1` from another directory exited 0 while the
+    server kept the first one's weights. Now the server's copy must be this adapter."""
+    with ScriptedServer(lora=True) as server:
+        first = write_adapter(tmp_path / "x" / "team" / "v0001")
+        Publisher([server.base_url], tmp_path / "reg-a").publish(first, alias="team")
+        other = Publisher([server.base_url], tmp_path / "reg-b")
+        with pytest.raises(PublishError, match=r"already serves team@v1 from .*x/team/v0001, "
+                                               r"not .*y/team/v0001.*Unload it there"):
+            other.publish(write_adapter(tmp_path / "y" / "team" / "v0001"), alias="team")
+        assert AliasTable(tmp_path / "reg-b" / "aliases.json").read()["aliases"] == {}
+        # the same directory from another registry is the same adapter: taken
+        assert other.publish(first, alias="team") == "team@v1"
+
+
+def test_a_restarted_server_gets_the_live_versions_again(tmp_path):
+    """Issue 30.2: after vLLM restarts, every call to the live versions answered 404 until
+    someone published again; ``reconcile`` (run by the loop each round, by `agl-bridge serve` at
+    start, and by publish and rollback) loads them again, and nothing else."""
+    registry = tmp_path / "registry"
+    with ScriptedServer(lora=True) as server:
+        publisher = Publisher([server.base_url], registry, drain_s=0.0)
+        for v in (1, 2):
+            publisher.publish(write_adapter(tmp_path / "team" / f"v{v:04d}"), alias="team")
+        publisher.publish(write_adapter(tmp_path / "coder" / "v0001"), alias="coder")
+        publisher.collect()
+        assert set(server.adapters) == {"team@v2", "coder@v1"}
+        assert publisher.reconcile() == []  # nothing lost: nothing loaded
+        server.adapters.clear()  # the restart
+        assert sorted(publisher.reconcile()) == [f"{n} on {server.base_url.removesuffix('/v1')}"
+                                                 for n in ("coder@v1", "team@v2")]
+        assert set(server.adapters) == {"team@v2", "coder@v1"}  # not the retired team@v1
