@@ -269,8 +269,10 @@ def test_what_follows_a_double_dash_reaches_vllm_as_its_own_flags():
     assert out.returncode == 0, out.stderr
     assert 'vllm_args = ["--enable-prefix-caching", "--max-num-seqs", "8"]' in out.stdout
     assert "max_model_len # unset" in out.stdout  # the model's own limit
-    loop = run_cli("loop", "--print-config", "--", "--enforce-eager")
-    assert 'vllm_args = ["--enforce-eager"]' in loop.stdout and "# flag" in loop.stdout
+    for command in ("loop", "demo"):
+        out = run_cli(command, "--print-config", "--", "--enforce-eager")
+        assert out.returncode == 0, out.stderr
+        assert 'vllm_args = ["--enforce-eager"]' in out.stdout and "# flag" in out.stdout
     bad = run_cli("convert", "a", "b", "--", "--enforce-eager")
     assert bad.returncode == 2 and "convert starts no vLLM" in bad.stderr
     cfg = build(ServeConfig, {"tool_call_parser": "hermes", "vllm_args": ["--seed", "1"]})
