@@ -14,6 +14,7 @@ uninstrumented or never instrumented. Tracing checks suppression itself.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -112,20 +113,83 @@ def _as_asked(result: Any, asked: Any, alias: str | None) -> Any:
     return result
 
 
+def _served(instance: Any) -> list[dict[str, Any]]:
+    """The server's ``/v1/models`` entries (vLLM: the base model has no ``parent``)."""
+    import json
+    import urllib.request
+
+    client = instance._client
+    req = urllib.request.Request(f"{str(client.base_url).rstrip('/')}/models",
+                                 headers={"Authorization": f"Bearer {client.api_key}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        data = json.loads(r.read()).get("data")
+    return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+
+
+def _fallback(exc: BaseException, served: list[dict[str, Any]], asked: Any, routed: str
+              ) -> str | None:
+    """Where a routed call goes when the server no longer has its version (404: unloaded
+    under an agent whose alias table is out of date, e.g. through an outage of the alias
+    server that spanned a publish): the model the program asked for if the server has it,
+    else the server's base model. None: not that failure, or nowhere to go."""
+    if getattr(exc, "status_code", None) != 404:
+        return None
+    ids = {m.get("id") for m in served}
+    if routed in ids:
+        return None  # the version is there: some other 404
+    if asked in ids:
+        return str(asked)
+    base = [m["id"] for m in served if m.get("parent") is None and isinstance(m.get("id"), str)]
+    if base:
+        logger.warning("agl_bridge: %s is no longer served (an alias table out of date?); "
+                       "this call went to the base model %s", routed, base[0])
+    return base[0] if base else None
+
+
 def _sync_create(wrapped, instance, args, kwargs):
     asked = kwargs.get("model")
     kwargs, alias = _route(kwargs)
     tracing = _slots.tracing
-    if tracing is None:
-        return _as_asked(wrapped(*args, **kwargs), asked, alias)
-    return _as_asked(tracing.sync_create(wrapped, instance, args, kwargs, alias), asked, alias)
+
+    def call(kw: dict[str, Any], alias: str | None) -> Any:
+        if tracing is None:
+            return wrapped(*args, **kw)
+        return tracing.sync_create(wrapped, instance, args, kw, alias)
+
+    try:
+        return _as_asked(call(kwargs, alias), asked, alias)
+    except Exception as exc:
+        if alias is None:
+            raise
+        try:
+            to = _fallback(exc, _served(instance), asked, kwargs["model"])
+        except Exception:  # the server cannot say: the call's own error stands
+            to = None
+        if to is None:
+            raise
+        return _as_asked(call({**kwargs, "model": to}, None), asked, alias)
 
 
 async def _async_create(wrapped, instance, args, kwargs):
     asked = kwargs.get("model")
     kwargs, alias = _route(kwargs)
     tracing = _slots.tracing
-    if tracing is None:
-        return _as_asked(await wrapped(*args, **kwargs), asked, alias)
-    return _as_asked(await tracing.async_create(wrapped, instance, args, kwargs, alias), asked,
-                     alias)
+
+    async def call(kw: dict[str, Any], alias: str | None) -> Any:
+        if tracing is None:
+            return await wrapped(*args, **kw)
+        return await tracing.async_create(wrapped, instance, args, kw, alias)
+
+    try:
+        return _as_asked(await call(kwargs, alias), asked, alias)
+    except Exception as exc:
+        if alias is None:
+            raise
+        try:
+            served = await asyncio.to_thread(_served, instance)  # never block the event loop
+            to = _fallback(exc, served, asked, kwargs["model"])
+        except Exception:  # the server cannot say: the call's own error stands
+            to = None
+        if to is None:
+            raise
+        return _as_asked(await call({**kwargs, "model": to}, None), asked, alias)

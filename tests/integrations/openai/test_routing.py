@@ -187,3 +187,35 @@ def test_by_agent_a_shared_client_reaches_each_agents_live_version(tmp_path, mon
     sent = [b["model"] for b in server.requests]
     assert sent[:4] == ["gpt-4o", "gpt-4o", "gpt-4o", "planner@v3"]
     assert sent[4:] == ["planner@v3", "analyst@v1", "gpt-4o", "planner@v3"]
+
+
+def test_a_version_unloaded_under_a_stale_table_falls_back_instead_of_failing(tmp_path,
+                                                                              monkeypatch,
+                                                                              spans, caplog):
+    """Issue 30.1: the alias server was down through a publish; the agents kept their table
+    (coder@v4), the publisher unloaded v4 after its drain, and 85 of 85 calls answered 404
+    until the table came back. A routed call whose version is gone now goes to the model the
+    program asked for if the server has it, else the base model, sync and async."""
+    import logging
+
+    from agl_bridge.integrations.openai import enable_routing
+
+    path = tmp_path / "aliases.json"
+    path.write_text(json.dumps({"aliases": {"coder": "coder@v4", "base": "coder@v4"}}))
+    monkeypatch.setenv(ALIASES_ENV, str(path))
+    enable_routing()
+    with ScriptedServer(vllm=True, lora=True, base_model="base") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        with caplog.at_level(logging.WARNING):
+            first = ask(client, model="base")  # a shared client that asks for the base
+            second = ask(client, model="coder")  # an alias vLLM does not serve itself
+            third = asyncio.run(ask_async(server.base_url, model="coder"))
+        sent = [b["model"] for b in server.requests if "messages" in b]
+    assert sent == ["coder@v4", "base", "coder@v4", "base", "coder@v4", "base"]
+    assert (first.model, second.model, third.model) == ("base", "coder", "coder")
+    assert "coder@v4 is no longer served" in caplog.text
+    with ScriptedServer(vllm=True, status=404) as server:  # it cannot say what it serves
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        with pytest.raises(openai.NotFoundError):  # the call's own error, as without routing
+            ask(client, model="coder")
+        assert [b["model"] for b in server.requests] == ["coder@v4"]
