@@ -38,7 +38,7 @@ from typing import Any
 from agl_bridge.settings import values
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.gate import gate
-from agl_bridge.trainer.loop.state import LoopState
+from agl_bridge.trainer.loop.state import LOOP_LOCK, LoopState, wipe
 from agl_bridge.trainer.loop.team import TeamRun, run_team, task_scores
 from agl_bridge.trainer.loop.watch import watch
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
@@ -130,6 +130,16 @@ class Loop:
                  callbacks: Sequence[LoopCallback] = ()) -> None:
         self.cfg = cfg.check()
         self.work = cfg.work
+        self.registry = Path(cfg.serve.registry or self.work / "registry")
+        # one loop per workdir and per registry, before anything is read or wiped (--fresh)
+        self._locks = [_exclusive(self.work / LOOP_LOCK, f"workdir {self.work}")]
+        try:
+            if self.registry.resolve() != self.work:
+                self._locks.append(_exclusive(self.registry / LOOP_LOCK,
+                                              f"registry {self.registry}"))
+        except ValueError:
+            self.release()
+            raise
         self.state = LoopState(self.work, cfg.settings(), fresh)
         self.callbacks = list(callbacks)
         self.data = self.state.data
@@ -139,7 +149,6 @@ class Loop:
         self.data.setdefault("events", [])  # publishes, refusals, rollbacks, with reasons
         self.data.setdefault("consumed", [])  # live: span files already trained on
         self.data.setdefault("next_task", 0)
-        self.registry = Path(cfg.serve.registry or self.work / "registry")
         self.server: Any = None
         self._fresh: list[Path] = []  # the span files a live round collected
         self.base_url = cfg.server or ""
@@ -151,6 +160,7 @@ class Loop:
                 f"{self.state.elapsed / 60:.1f} min spent")
         if self._complete():
             log("this run is complete; rewriting its report (--rounds or --minutes to go on)")
+            self.release()
             return self.data
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
@@ -167,7 +177,14 @@ class Loop:
             raise SystemExit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
+            self.release()
         return self.data
+
+    def release(self) -> None:
+        """Let another loop have this workdir and registry (also done by the kernel when this
+        process ends, however it ends)."""
+        while self._locks:
+            os.close(self._locks.pop())
 
     def _complete(self) -> bool:
         final = self.data.get("final")
@@ -196,7 +213,7 @@ class Loop:
         from agl_bridge.trainer.serving.publisher import Publisher
 
         if self.cfg.server is None:
-            shutil.rmtree(self.registry, ignore_errors=True)  # it lives as long as the server
+            wipe(self.registry)  # it lives as long as the server (its lock stays)
             with self.state.timed("start vLLM"):
                 self.server = start_vllm(self.cfg)
             self.base_url = self.server.base_url
@@ -660,6 +677,26 @@ class Loop:
                                         "from": last["versions"], "to": last["previous"],
                                         "reason": decision.reason, "time": time.time()})
             record["rolled_back"] = True
+
+
+def _exclusive(path: Path, what: str) -> int:
+    """An exclusive ``flock`` on ``path``, held while this process lives: two loops on one
+    workdir or registry each took the other's state for their own. The kernel drops the lock
+    of a killed holder, so a ``kill -9`` never leaves it behind."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ValueError(f"another loop runs on {what} (pid {holder}): one loop per workdir and "
+                         f"per registry; stop it, or give this one its own") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 def _interrupt(signum: int, frame: object) -> None:

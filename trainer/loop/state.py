@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +18,21 @@ STATE_FILE = "state.json"
 BUDGET = ("rounds", "minutes")
 
 
+LOOP_LOCK = ".loop.lock"  # held by the loop that runs here (engine._exclusive)
+
+
+def wipe(directory: Path) -> None:
+    """Everything under ``directory`` but the held locks (``LOOP_LOCK``): deleting a lock file
+    while it is held would let a second loop lock a new one."""
+    for entry in directory.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            wipe(entry)
+            if not any(entry.iterdir()):
+                entry.rmdir()
+        elif entry.name != LOOP_LOCK:
+            entry.unlink()
+
+
 class LoopState:
     """``<workdir>/state.json``. ``data`` holds ``settings``, ``rounds`` (one record per
     finished round), ``seconds`` (per stage), ``resumed`` (how often), and what the stages add."""
@@ -26,7 +40,7 @@ class LoopState:
     def __init__(self, workdir: Path, settings: dict[str, Any], fresh: bool) -> None:
         self.path = workdir / STATE_FILE
         if fresh and workdir.exists():
-            shutil.rmtree(workdir)
+            wipe(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             try:

@@ -425,3 +425,30 @@ def test_a_server_that_restarted_between_rounds_gets_the_live_versions_again(tmp
     assert r0["published"] == {"solver": "solver@v1"} and "reloaded" not in r0
     assert r1["reloaded"] == [f"solver@v1 on {server.base_url.removesuffix('/v1')}"]
     assert r1["team"]["episodes"] == 8 and r1["published"] == {"solver": "solver@v2"}
+
+
+def test_one_loop_per_workdir_and_per_registry(tmp_path, tiny):
+    """Issue 30.3: two loops on one workdir both exited 0 with state.json and the alias table
+    disagreeing; two on one registry scored each other's weights. The second is refused at the
+    start, naming the holder; a finished (or killed) loop lets the next one in."""
+    with server_for(bad=set()) as server:
+        first = Loop(setup(tmp_path, tiny, server, rounds=1, eval_tasks=None,
+                           **{"gate.rule": "off"}))
+        with pytest.raises(ValueError,
+                           match=rf"another loop runs on workdir .* \(pid {os.getpid()}\)"):
+            Loop(setup(tmp_path, tiny, server), fresh=True)
+        assert (tmp_path / "loop" / "state.json").exists()  # --fresh wiped nothing
+        with pytest.raises(ValueError, match="another loop runs on registry"):
+            Loop(setup(tmp_path, tiny, server, workdir=str(tmp_path / "other")))
+        first.run()
+        Loop(setup(tmp_path, tiny, server, workdir=str(tmp_path / "other"))).release()
+    code = ("import sys, time; from agl_bridge.trainer.loop.engine import _exclusive; "
+            "from pathlib import Path; _exclusive(Path(sys.argv[1]), 'x'); print('held', "
+            "flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "w" / ".loop.lock")],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with server_for(bad=set()) as server:  # the kernel dropped the killed holder's lock
+        Loop(setup(tmp_path, tiny, server, workdir=str(tmp_path / "w"))).release()
