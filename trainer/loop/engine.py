@@ -230,6 +230,11 @@ class Loop:
                                 self.publisher.publish(self._adapter_dir(alias, name), alias=alias)
             else:
                 self._adopt()
+            left = [n for n in self.data.pop("candidates_loaded", [])  # a kill during a gate
+                    if n not in self.data["live"].values()]
+            if left and self.server is None:
+                log(f"unloading candidate(s) a stopped run left loaded: {', '.join(left)}")
+                self._unload(left)
             yield
         finally:
             if self.server is not None:
@@ -310,6 +315,7 @@ class Loop:
             decision = self._gate(r, rdir, adapters, record)
             if decision:
                 self._publish(r, adapters, record)
+            self.data.pop("candidates_loaded", None)  # published, or unloaded when refused
         record["seconds"] = time.perf_counter() - t0
         record["live_after"] = dict(self.data["live"])
         for callback in self.callbacks:
@@ -597,6 +603,9 @@ class Loop:
             validate_adapter(directory, base_model=cfg.model,
                              max_lora_rank=cfg.serve.max_lora_rank)
             candidate[alias] = served_name(directory, alias)
+            # recorded before it is loaded: a kill from here on leaves a name to unload
+            self.data.setdefault("candidates_loaded", []).append(candidate[alias])
+            self.state.save()
             load_and_probe([self.base_url], candidate[alias], Path(directory))
         record["candidate"] = candidate
         gate_tasks = cfg.gate.tasks or cfg.eval_tasks

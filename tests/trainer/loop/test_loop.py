@@ -452,3 +452,33 @@ def test_one_loop_per_workdir_and_per_registry(tmp_path, tiny):
     holder.wait()
     with server_for(bad=set()) as server:  # the kernel dropped the killed holder's lock
         Loop(setup(tmp_path, tiny, server, workdir=str(tmp_path / "w"))).release()
+
+
+def test_a_candidate_left_loaded_by_a_kill_during_the_gate_is_unloaded(tmp_path, tiny,
+                                                                       monkeypatch):
+    """Issue 30.3: a kill during the gate left the candidate loaded with no record, never
+    unloaded. The candidate is recorded before it is loaded and unloaded when the loop starts
+    again, before anything else reaches the server."""
+    import agl_bridge.trainer.loop.engine as engine
+
+    real_gate = engine.gate
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # what SIGTERM/SIGINT become inside the loop
+
+    with server_for(bad=set()) as server:
+        cfg = setup(tmp_path, tiny, server, rounds=1)
+        monkeypatch.setattr(engine, "gate", killed)
+        with pytest.raises(SystemExit):
+            Loop(cfg).run()
+        assert "solver@v1" in server.adapters  # loaded for the gate, then the kill
+        saved = json.loads((tmp_path / "loop" / "state.json").read_text())
+        assert saved["candidates_loaded"] == ["solver@v1"]
+        monkeypatch.setattr(engine, "gate", real_gate)
+        server.requests.clear()
+        data = Loop(cfg).run()
+        calls = [(b.get("lora_name"), "unload" if "lora_path" not in b else "load")
+                 for b in server.requests if "lora_name" in b]
+    assert calls[0] == ("solver@v1", "unload") and "solver@v1" not in server.adapters
+    assert data["live"] == {"solver": "solver@v2"}  # the round again: its next version
+    assert "candidates_loaded" not in data
