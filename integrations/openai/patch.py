@@ -101,18 +101,6 @@ def _route(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         return kwargs, None
 
 
-def _as_asked(result: Any, asked: Any, alias: str | None) -> Any:
-    """A routed answer names the model the program asked for: routing stays invisible to it
-    (AutoGen warns on every call whose answer names another model). The span, ended by now,
-    records the version that answered; streams and raw responses are left as they are."""
-    if alias is not None and isinstance(getattr(result, "model", None), str):
-        try:
-            result.model = asked
-        except (AttributeError, TypeError, ValueError):
-            pass
-    return result
-
-
 def _served(instance: Any) -> list[dict[str, Any]]:
     """The server's ``/v1/models`` entries (vLLM: the base model has no ``parent``)."""
     import json
@@ -157,7 +145,7 @@ def _sync_create(wrapped, instance, args, kwargs):
         return tracing.sync_create(wrapped, instance, args, kw, alias)
 
     try:
-        return _as_asked(call(kwargs, alias), asked, alias)
+        return call(kwargs, alias)
     except Exception as exc:
         if alias is None:
             raise
@@ -167,7 +155,7 @@ def _sync_create(wrapped, instance, args, kwargs):
             to = None
         if to is None:
             raise
-        return _as_asked(call({**kwargs, "model": to}, None), asked, alias)
+        return call({**kwargs, "model": to}, None)
 
 
 async def _async_create(wrapped, instance, args, kwargs):
@@ -181,7 +169,7 @@ async def _async_create(wrapped, instance, args, kwargs):
         return await tracing.async_create(wrapped, instance, args, kw, alias)
 
     try:
-        return _as_asked(await call(kwargs, alias), asked, alias)
+        return await call(kwargs, alias)
     except Exception as exc:
         if alias is None:
             raise
@@ -192,4 +180,4 @@ async def _async_create(wrapped, instance, args, kwargs):
             to = None
         if to is None:
             raise
-        return _as_asked(await call({**kwargs, "model": to}, None), asked, alias)
+        return await call({**kwargs, "model": to}, None)

