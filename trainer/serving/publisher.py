@@ -255,7 +255,9 @@ class Publisher:
         done = []
         for server in self.servers if live else []:
             served = served_models(server, self.timeout_s)
-            for v in [] if served is None else live:
+            if served is None:
+                continue
+            for v in live:
                 if v.name not in served:
                     load_and_probe([server], v.name, Path(v.directory), self.timeout_s)
                     done.append(f"{v.name} on {_root(server)}")
