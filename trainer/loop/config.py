@@ -55,6 +55,9 @@ class WatchConfig:
     episodes: int = setting(32, help="rewarded episodes of the new version before judging it")
     margin: float = setting(0.05, help="how much lower its mean reward may be, beyond noise, "
                                        "before it is rolled back")
+    window: int = setting(3, help="compared with the best of the last this many versions "
+                                  "(1: the previous one only): a slide over several versions, "
+                                  "each step within noise, is rolled back too")
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -62,6 +65,8 @@ class WatchConfig:
             raise ValueError(f"episodes must be at least 1, got {self.episodes!r}")
         if self.margin < 0:
             raise ValueError(f"margin must be 0 or more, got {self.margin!r}")
+        if self.window < 1:
+            raise ValueError(f"window must be at least 1, got {self.window!r}")
 
 
 @dataclass

@@ -40,7 +40,7 @@ from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.gate import gate
 from agl_bridge.trainer.loop.state import LOOP_LOCK, LoopState, wipe
 from agl_bridge.trainer.loop.team import TeamRun, run_team, task_scores
-from agl_bridge.trainer.loop.watch import watch
+from agl_bridge.trainer.loop.watch import best_recent, watch
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
 from agl_bridge.trainer.training.config import NothingToTrain
 
@@ -659,21 +659,22 @@ class Loop:
             return
         last = published[-1]
         current_key = version_key({**last["previous"], **last["versions"]})
-        previous_key = version_key(last["previous"])
         if current_key != version_key(self.data["live"]) or last.get("watched"):
             return
-        decision = watch(self.data["rewards"].get(previous_key, []),
-                         self.data["rewards"].get(current_key, []), margin=cfg.watch.margin,
-                         min_episodes=cfg.watch.episodes)
-        record["watch"] = decision.as_dict()
+        recent = [e["previous"] for e in published[-cfg.watch.window:]]  # live before each
+        rewards = self.data["rewards"]
+        target = recent[best_recent([(version_key(s), rewards.get(version_key(s), []))
+                                     for s in recent])]
+        decision = watch(rewards.get(version_key(target), []), rewards.get(current_key, []),
+                         margin=cfg.watch.margin, min_episodes=cfg.watch.episodes)
+        record["watch"] = {**decision.as_dict(), "against": target}
         if decision.verdict == "wait":
             return
         last["watched"] = decision.verdict
         if decision.verdict == "rollback":
-            log(f"watch: rolling back {last['versions']} -> {last['previous']}: "
-                f"{decision.reason}")
+            log(f"watch: rolling back {last['versions']} -> {target}: {decision.reason}")
             with self.state.timed("publish"):
-                for alias, name in last["previous"].items():
+                for alias, name in target.items():
                     if name == BASE:
                         from agl_bridge.aliases import AliasTable
 
@@ -681,9 +682,9 @@ class Loop:
                         table.write({**table.read().get("aliases", {}), alias: BASE})
                     else:
                         self.publisher.rollback(alias, name)
-            self.data["live"].update(last["previous"])
+            self.data["live"].update(target)
             self.data["events"].append({"round": record["round"], "event": "rolled back",
-                                        "from": last["versions"], "to": last["previous"],
+                                        "from": last["versions"], "to": target,
                                         "reason": decision.reason, "time": time.time()})
             record["rolled_back"] = True
 

@@ -1,11 +1,13 @@
-"""Watching a version that went live: roll back when live reward falls below the previous
-version's by more than a margin, beyond noise.
+"""Watching a version that went live: roll back when live reward falls below that of the best
+recent version by more than a margin, beyond noise.
 
 After a publish the loop keeps reading the live rewards of the episodes each version served
 (inline, feedback, recipe, judge: whatever conversion gives them), by policy version. Once the
 new version has ``min_episodes`` rewarded episodes, it is kept unless its mean reward is below
-the previous version's by more than ``margin`` *and* the 95% interval of the difference (Welch,
-normal approximation) lies wholly below zero: noise alone never triggers a rollback.
+the best of the last few versions' (``best_recent``; only the previous one's let a slide over
+two versions pass, each step within noise) by more than ``margin`` *and* the 95% interval of
+the difference (Welch, normal approximation) lies wholly below zero: noise alone never triggers
+a rollback.
 
 Pure: rewards in, a decision with its reason out.
 """
@@ -42,6 +44,14 @@ def _mean_var(x: Sequence[float]) -> tuple[float, float]:
     mean = math.fsum(x) / n
     var = math.fsum((v - mean) ** 2 for v in x) / (n - 1) if n > 1 else 0.0
     return mean, var
+
+
+def best_recent(recent: Sequence[tuple[str, Sequence[float]]]) -> int:
+    """Index of the version (``(key, rewards)``, oldest first: those live before the current
+    one) the current one is judged against: the highest mean reward among those with two
+    rewarded episodes or more; the newest when none has."""
+    scored = [(math.fsum(r) / len(r), i) for i, (_, r) in enumerate(recent) if len(r) >= 2]
+    return max(scored)[1] if scored else len(recent) - 1
 
 
 def watch(previous: Sequence[float], current: Sequence[float], *, margin: float = 0.05,

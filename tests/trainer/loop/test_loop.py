@@ -482,3 +482,22 @@ def test_a_candidate_left_loaded_by_a_kill_during_the_gate_is_unloaded(tmp_path,
     assert calls[0] == ("solver@v1", "unload") and "solver@v1" not in server.adapters
     assert data["live"] == {"solver": "solver@v2"}  # the round again: its next version
     assert "candidates_loaded" not in data
+
+
+def test_a_slide_over_two_versions_is_rolled_back_to_the_best_recent_one():
+    """Issue 30: users' success went 61% (v5) -> 54% (v6) -> 41% (v7) and stayed: each step
+    was within noise of the one before, which was all the watch compared. It now compares with
+    the best of the recent versions (``[watch] window``) and goes back to that one."""
+    from agl_bridge.trainer.loop.watch import best_recent
+
+    def served(k, n=64):
+        return [1.0] * k + [0.0] * (n - k)
+
+    v5, v6, v7 = served(51), served(45), served(38)
+    assert watch(v6, v7, margin=0.05, min_episodes=32).verdict == "keep"  # the old rule
+    recent = [("v4", [1.0]), ("v5", v5), ("v6", v6)]  # v4: too few episodes to count
+    best = best_recent(recent)
+    assert recent[best][0] == "v5"
+    decision = watch(recent[best][1], v7, margin=0.05, min_episodes=32)
+    assert decision.verdict == "rollback" and decision.high < 0
+    assert best_recent([("a", [1.0]), ("b", [])]) == 1  # none counts: the newest
