@@ -114,10 +114,11 @@ def _time_ns(value: Any) -> int:
         return _unix_ns(_number(value, "time"))
     text = str(value).strip()
     try:
-        return _unix_ns(_number(text, "time"))
-    except ValueError as exc:
-        if "is not a number" not in str(exc):
-            raise
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        return _unix_ns(_number(seconds, "time"))
     try:
         when = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

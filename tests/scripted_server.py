@@ -86,6 +86,7 @@ class ScriptedServer:
         self.unload_status = 200
         self.loads = 0
         self.version_hits = 0
+        self.gets: list[str] = []  # paths of every GET, in order
         self.streams_cut = 0  # streams the client closed before [DONE]
         self._lock = threading.Lock()
         server = self
@@ -103,6 +104,8 @@ class ScriptedServer:
                 self.wfile.write(data)
 
             def do_GET(self):
+                with server._lock:
+                    server.gets.append(self.path)
                 if self.path == "/version":
                     with server._lock:
                         server.version_hits += 1

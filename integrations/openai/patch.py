@@ -114,14 +114,17 @@ def _served(instance: Any) -> list[dict[str, Any]]:
     return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
 
-def _fallback(exc: BaseException, served: list[dict[str, Any]], asked: Any, routed: str
-              ) -> str | None:
+def _gone(exc: BaseException) -> bool:
+    """A 404: the server may no longer have the routed version (only then is it asked)."""
+    return getattr(exc, "status_code", None) == 404
+
+
+def _fallback(served: list[dict[str, Any]], asked: Any, routed: str) -> str | None:
     """Where a routed call goes when the server no longer has its version (404: unloaded
     under an agent whose alias table is out of date, e.g. through an outage of the alias
     server that spanned a publish): the model the program asked for if the server has it,
-    else the server's base model. None: not that failure, or nowhere to go."""
-    if getattr(exc, "status_code", None) != 404:
-        return None
+    else the server's base model. None: the version is there (another 404), or nowhere to
+    go."""
     ids = {m.get("id") for m in served}
     if routed in ids:
         return None  # the version is there: some other 404
@@ -147,10 +150,10 @@ def _sync_create(wrapped, instance, args, kwargs):
     try:
         return call(kwargs, alias)
     except Exception as exc:
-        if alias is None:
+        if alias is None or not _gone(exc):
             raise
         try:
-            to = _fallback(exc, _served(instance), asked, kwargs["model"])
+            to = _fallback(_served(instance), asked, kwargs["model"])
         except Exception:  # the server cannot say: the call's own error stands
             to = None
         if to is None:
@@ -171,11 +174,11 @@ async def _async_create(wrapped, instance, args, kwargs):
     try:
         return await call(kwargs, alias)
     except Exception as exc:
-        if alias is None:
+        if alias is None or not _gone(exc):
             raise
         try:
             served = await asyncio.to_thread(_served, instance)  # never block the event loop
-            to = _fallback(exc, served, asked, kwargs["model"])
+            to = _fallback(served, asked, kwargs["model"])
         except Exception:  # the server cannot say: the call's own error stands
             to = None
         if to is None:

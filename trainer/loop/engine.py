@@ -449,10 +449,8 @@ class Loop:
         todo = ids - rewarded - judging["tried"]
         if not todo:
             return 0
-        settings = dataclasses.replace(
-            judge, base_url=judge.base_url or self.base_url, model=judge.model or BASE,
-            tokenizer=judge.tokenizer or cfg.model, max_episodes=budget)
-        summary = judge_spans(cfg.traces or "", settings, episode_ids=todo, progress=False)
+        summary = judge_spans(cfg.traces or "", self._judge_settings(budget), episode_ids=todo,
+                              progress=False)
         judging["tried"] |= set(summary.failed)  # scored ones are rewarded from now on
         if summary.failed and "first_failure" not in judging:  # the log says why, once
             episode, why = next(iter(summary.failed.items()))
@@ -462,6 +460,15 @@ class Loop:
         judging["requests"] += summary.requests
         judging["seconds"] += summary.seconds
         return summary.scored
+
+    def _judge_settings(self, budget: int | None) -> Any:
+        """The ``[judge]`` table, unset server and model meaning the loop's own (the base model
+        judges), at most ``budget`` episodes."""
+        judge = self.cfg.judge
+        return dataclasses.replace(judge, base_url=judge.base_url or self.base_url,
+                                   model=judge.model or BASE,
+                                   tokenizer=judge.tokenizer or self.cfg.model,
+                                   max_episodes=budget)
 
     def _rewarded_episodes(self, files: list[Path]) -> set[str]:
         from agl_bridge.trainer.conversion import convert
@@ -557,10 +564,7 @@ class Loop:
             if scores or not run.spans.is_dir():
                 return scores
             if cfg.judge.rubric is not None:
-                judge_spans(run.spans, dataclasses.replace(
-                    cfg.judge, base_url=cfg.judge.base_url or self.base_url,
-                    model=cfg.judge.model or BASE, tokenizer=cfg.judge.tokenizer or cfg.model,
-                    max_episodes=None), progress=False)
+                judge_spans(run.spans, self._judge_settings(None), progress=False)
             convert(run.spans, out / "transitions.parquet", cfg.convert)
         rewards: dict[str, list[float]] = {}
         got = pq.read_table(out / "transitions.parquet", columns=["task_id", "reward"])

@@ -219,3 +219,9 @@ def test_a_version_unloaded_under_a_stale_table_falls_back_instead_of_failing(tm
         with pytest.raises(openai.NotFoundError):  # the call's own error, as without routing
             ask(client, model="coder")
         assert [b["model"] for b in server.requests] == ["coder@v4"]
+        assert "/v1/models" in server.gets  # asked, after the 404
+    with ScriptedServer(vllm=True, status=500) as server:  # not a 404: the server is not asked
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        with pytest.raises(openai.InternalServerError):
+            ask(client, model="coder")
+        assert "/v1/models" not in server.gets and len(server.requests) == 1
