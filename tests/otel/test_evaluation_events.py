@@ -145,6 +145,32 @@ def test_evaluation_events_sent_over_otlp_by_a_plain_sdk_program_are_the_rewards
     assert stats.notes[ev.JOINED] == 2 and stats.notes[ev.SUPERSEDED] == 2
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_evaluator_scoring_on_its_own_span_scores_the_responses_it_names(tmp_path, protocol):
+    """An evaluator traced with the SDK alone emits its scores inside its own span, as a span
+    event and as a log record: both go to the calls their gen_ai.response.id names, none to
+    the evaluator's trace (the span event used to be joined there, and lost)."""
+    ids = run_app(tmp_path, n=3)
+    scores = [{"name": "helpful", "score": 0.75, "response_id": ids[0], "form": "span_event"},
+              {"name": "helpful", "score": -0.5, "response_id": ids[1]}]
+    report: list[str] = []
+    with collect(tmp_path / "traces", report) as endpoints:
+        sent = subprocess.run([sys.executable, str(EMITTER), endpoints[protocol], protocol,
+                               json.dumps(scores), "--own-span"], capture_output=True,
+                              text=True, env=clean_env(), timeout=60)
+        assert sent.returncode == 0, sent.stderr
+    assert "log records: 1 written" in report[0]
+    rows = read_rows(tmp_path / "traces")
+    evaluator = next(r for r in rows if r["name"] == "evaluate")
+    assert sc.GEN_AI_EVALUATION_RESULT in evaluator["events"]
+    record = next(r for r in evaluation_rows(tmp_path / "traces"))
+    assert (record["trace_id"], record["parent_span_id"]) == (evaluator["trace_id"],
+                                                              evaluator["span_id"])
+    got, stats = rewards_by_response(tmp_path)
+    assert got == {ids[0]: 0.75, ids[1]: -0.5}
+    assert stats.notes[ev.JOINED] == 2 and stats.skipped[reasons.NO_REWARD] == 1
+
+
 # -- (b) Collector files ------------------------------------------------------------------------
 def test_import_reads_evaluation_events_from_collector_log_lines(tmp_path):
     ids = run_app(tmp_path, n=3)

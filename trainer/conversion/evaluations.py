@@ -67,9 +67,7 @@ def _candidates(table: pa.Table) -> pa.Array:
 def _records(table: pa.Table) -> list[Evaluation]:
     """The evaluations of rows already filtered to candidates."""
     out: list[Evaluation] = []
-    rows = table.to_pylist()
-    keys = arr(episode_keys(table)).to_pylist() if table.num_rows else []
-    for row, key in zip(rows, keys):
+    for row in table.to_pylist():
         if row.get("evaluation_name") is not None or row.get("evaluation_target") is not None:
             parent = (row["trace_id"], row["parent_span_id"]) if row.get("parent_span_id") \
                 else None
@@ -84,12 +82,18 @@ def _records(table: pa.Table) -> list[Evaluation]:
             continue
         if row.get("reward_value") is not None:
             continue  # our own reward spans carry the event too: the reward itself counts
-        out += _span_events(row, key)
+        out += _span_events(row)
     return out
 
 
-def _span_events(row: dict, episode_key: str) -> list[Evaluation]:
-    """``gen_ai.evaluation.result`` span events: they evaluate the span that holds them."""
+def _span_events(row: dict) -> list[Evaluation]:
+    """``gen_ai.evaluation.result`` span events, placed as a log record emitted in the span
+    that holds them would be: inside an episode (the span carries an episode id), that
+    episode; else the call their ``gen_ai.response.id`` names; else the span that holds them.
+
+    An evaluator that is a program of its own (the OpenTelemetry SDK alone) adds the event to
+    its own span, which carries no episode: the response id it names decides, never the
+    evaluator's trace (joining by the holding span's trace gave the score to the evaluator)."""
     try:
         events = json.loads(row["events"])
     except (TypeError, ValueError):
@@ -102,14 +106,18 @@ def _span_events(row: dict, episode_key: str) -> list[Evaluation]:
         score = attributes.get(sc.GEN_AI_EVALUATION_SCORE_VALUE)
         label = attributes.get(sc.GEN_AI_EVALUATION_SCORE_LABEL)
         name = attributes.get(sc.GEN_AI_EVALUATION_NAME)
+        response = attributes.get(sc.GEN_AI_RESPONSE_ID)
         out.append(Evaluation(
             name=name if isinstance(name, str) and name else "evaluation",
             score=float(score) if isinstance(score, (int, float)) and not isinstance(
                 score, bool) else None,
             label=label if isinstance(label, str) else None,
             time=event.get("time_unix_nano") or row.get("start_time_unix_nano") or 0,
-            ident=f"{row['span_id']}/{k}", episode=episode_key, agent=row.get("agent_name"),
-            turn=row.get("turn_index"), kind=sc.RewardKind.EVALUATION))
+            ident=f"{row['span_id']}/{k}", episode=row.get("episode_id"),
+            agent=row.get("agent_name"), turn=row.get("turn_index"),
+            kind=sc.RewardKind.EVALUATION, parent=(row["trace_id"], row["span_id"]),
+            trace=row["trace_id"],
+            response=response if isinstance(response, str) and response else None))
     return out
 
 

@@ -4,14 +4,14 @@ An evaluation is a score that arrived after the fact (``agl_bridge.feedback``, a
 tool's ``gen_ai.evaluation.result`` event, an LLM judge). It names what it scores in one of
 these ways, tried in this order:
 
-1. it was recorded inside the episode (its row carries the episode id; a span event of an
-   episode's span): that episode, and the agent and turn it was recorded in;
+1. it was recorded inside the episode (its row carries the episode id; a span event of a span
+   that carries one): that episode, and the agent and turn it was recorded in;
 2. its target ``episode:E`` / ``trace:T`` / ``response:R`` (``any:X``: X as an episode id,
    else a trace id, else a response id): the episode; a response is one LLM call, so the score
    goes to that agent's turn. Without a target, its own ``gen_ai.response.id`` (how the GenAI
    conventions name the evaluated call when no span id is known) if a call has that id;
-3. the span it is parented to (an OpenTelemetry event emitted inside the evaluated span): that
-   span's episode, agent and turn;
+3. the span it is parented to (an OpenTelemetry event emitted inside the evaluated span; for a
+   span event, the span holding it): that span's episode, agent and turn;
 4. its own trace, when that trace holds exactly one episode.
 
 The same evaluation recorded twice (same episode, agent and name) counts once: the latest wins
