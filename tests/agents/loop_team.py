@@ -1,9 +1,12 @@
 """A team command as the loop runs it: plain openai, configured by environment only
 (agl_bridge.trainer.loop.team). One agent, ``solver``, is asked to repeat a number; the episode's
-reward is 1 when it does. Its results go to AGL_BRIDGE_RESULTS with a score per episode."""
+reward is 1 when it does. Its results go to AGL_BRIDGE_RESULTS with a score per episode, the
+solver's own (``agent_score``) and the decoding it was asked for. ``--team-fails``: the team's
+score is always 0 (a team whose success is near 0), the solver's own still counts."""
 
 import json
 import os
+import sys
 
 import openai
 from opentelemetry import trace
@@ -28,6 +31,9 @@ with open(os.environ["AGL_BRIDGE_RESULTS"], "w") as results:
                     messages=[{"role": "user", "content": f"say {task['number']}"}])
                 score = float(str(task["number"]) in (reply.choices[0].message.content or ""))
                 agl_bridge.emit_reward(score)
-            results.write(json.dumps({"task_id": task["task_id"], "episode_id": episode,
-                                      "score": score}) + "\n")
+            results.write(json.dumps({
+                "task_id": task["task_id"], "episode_id": episode,
+                "score": 0.0 if "--team-fails" in sys.argv else score,
+                "agent_score": {"solver": score}, "temperature": temperature,
+                "rollouts": rollouts}) + "\n")
 print(json.dumps({"episodes": len(tasks) * rollouts}))

@@ -39,11 +39,20 @@ class GateConfig:
                 "newest real inputs, each replayed on the live version and on the candidate "
                 "(replay_team, at temperature) and scored by the judge, the recipe or the "
                 "team's own rewards (0: on held-out tasks)")
+    temperature: float | None = setting(
+        None, help="the gate's sampling temperature (unset: temperature, as the team is "
+                   "served: a candidate that wins greedily can lose what users get)")
+    rollouts: int = setting(2, help="episodes per gate task and version (a task's score is "
+                                    "their mean)")
 
     def __post_init__(self) -> None:
         check_choices(self)
         if self.inputs < 0:
             raise ValueError(f"inputs must be 0 or more, got {self.inputs!r}")
+        if self.rollouts < 1:
+            raise ValueError(f"rollouts must be at least 1, got {self.rollouts!r}")
+        if self.temperature is not None and not self.temperature >= 0:
+            raise ValueError(f"temperature must be 0 or more, got {self.temperature!r}")
         if self.tolerance < 0:
             raise ValueError(f"tolerance must be 0 or more, got {self.tolerance!r}")
 

@@ -37,9 +37,9 @@ from typing import Any
 
 from agl_bridge.settings import values
 from agl_bridge.trainer.loop.config import LoopConfig
-from agl_bridge.trainer.loop.gate import gate
+from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
 from agl_bridge.trainer.loop.state import LOOP_LOCK, LoopState, wipe
-from agl_bridge.trainer.loop.team import TeamRun, run_team, task_scores
+from agl_bridge.trainer.loop.team import TeamRun, role_scores, run_team, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
 from agl_bridge.trainer.training.config import NothingToTrain
@@ -76,6 +76,10 @@ def read_tasks(path: str | Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{n}: a task is an object with a string task_id")
         tasks.append(task)
     return tasks
+
+
+def mean_per_task(values: dict[str, list[float]]) -> dict[str, float]:
+    return {t: math.fsum(v) / len(v) for t, v in values.items()}
 
 
 def version_key(aliases: dict[str, str]) -> str:
@@ -516,33 +520,34 @@ class Loop:
         return {"adapters": record["adapters"], "transitions_path": str(run.transitions_path)}
 
     # -- evaluation, gate, publish, watch --------------------------------------------------
-    def _scores(self, label: str, aliases: dict[str, str], out: Path, tasks_file: str
-                ) -> dict[str, float]:
-        """Held-out scores of the versions ``aliases`` points at on ``tasks_file`` (cached per
-        version set and task file)."""
+    def _scores(self, label: str, aliases: dict[str, str], out: Path, tasks_file: str, *,
+                temperature: float, rollouts: int) -> Scores:
+        """Scores of the versions ``aliases`` points at on ``tasks_file``, the team's and each
+        role's (cached per version set, task file and decoding)."""
         cfg = self.cfg
-        key = f"{version_key(aliases)} on {Path(tasks_file).name}"
+        key = (f"{version_key(aliases)} on {Path(tasks_file).name} at temperature "
+               f"{temperature:g} x{rollouts}")
         if key in self.data["evals"] and label not in ("baseline", "final"):
-            return dict(self.data["evals"][key])
+            return Scores.from_dict(self.data["evals"][key])
         table = out / ALIASES_FILE
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text(json.dumps({"aliases": aliases}))
         tasks = read_tasks(tasks_file)
-        log(f"{label}: the team answers {len(tasks)} held-out tasks on {aliases} ...")
+        log(f"{label}: the team answers {len(tasks)} held-out tasks x {rollouts} at "
+            f"temperature {temperature:g} on {aliases} ...")
         with self.state.timed("held-out evaluation"):
-            run = self._team(cfg.eval_team or cfg.team or "", tasks, out,
-                             rollouts=cfg.eval_rollouts, temperature=cfg.eval_temperature,
-                             aliases=table)
-        scores = task_scores(run.results)
-        self.data["evals"][key] = scores
+            run = self._team(cfg.eval_team or cfg.team or "", tasks, out, rollouts=rollouts,
+                             temperature=temperature, aliases=table)
+        scores = Scores(task_scores(run.results), role_scores(run.results))
+        self.data["evals"][key] = scores.as_dict()
         self.state.save()
         return scores
 
-    def _replayed_scores(self, r: int, aliases: dict[str, str], out: Path) -> dict[str, float]:
+    def _replayed_scores(self, r: int, aliases: dict[str, str], out: Path) -> Scores:
         """A live service's held-out check: the round's newest ``gate.inputs`` real inputs
-        played again on the versions ``aliases`` points at, at the rollouts' temperature (as
-        the service samples), scored per input by the team's own results, else by the
-        episodes' rewards: the judge's verdicts (``[judge] rubric``), the recipe, inline."""
+        played again on the versions ``aliases`` points at, as the service samples, scored per
+        input by the team's own results, else by the episodes' rewards: the judge's verdicts
+        (``[judge] rubric``), the recipe, inline (a role's by its own transitions')."""
         import pyarrow.parquet as pq
 
         from agl_bridge.trainer.conversion import convert
@@ -558,20 +563,29 @@ class Loop:
         log(f"round {r} gate: {len(tasks)} real input(s) replayed on {aliases} ...")
         with self.state.timed("gate (replayed inputs)"):
             run = self._team(cfg.replay_team or cfg.eval_team or cfg.team or "", tasks, out,
-                             rollouts=cfg.eval_rollouts, temperature=cfg.temperature,
+                             rollouts=cfg.gate.rollouts, temperature=self._gate_temperature,
                              aliases=table)
             scores = task_scores(run.results)
             if scores or not run.spans.is_dir():
-                return scores
+                return Scores(scores, role_scores(run.results))
             if cfg.judge.rubric is not None:
                 judge_spans(run.spans, self._judge_settings(None), progress=False)
             convert(run.spans, out / "transitions.parquet", cfg.convert)
-        rewards: dict[str, list[float]] = {}
-        got = pq.read_table(out / "transitions.parquet", columns=["task_id", "reward"])
-        for task, reward in zip(got["task_id"].to_pylist(), got["reward"].to_pylist()):
+        team: dict[str, list[float]] = {}
+        roles: dict[str, dict[str, list[float]]] = {}
+        got = pq.read_table(out / "transitions.parquet",
+                            columns=["task_id", "agent_name", "reward"])
+        for task, agent, reward in zip(*(got[c].to_pylist() for c in got.column_names)):
             if task is not None and reward is not None:
-                rewards.setdefault(task, []).append(reward)
-        return {t: math.fsum(v) / len(v) for t, v in rewards.items()}
+                team.setdefault(task, []).append(reward)
+                roles.setdefault(agent or "", {}).setdefault(task, []).append(reward)
+        return Scores(mean_per_task(team), {a: mean_per_task(v) for a, v in roles.items()})
+
+    @property
+    def _gate_temperature(self) -> float:
+        """As the team is served unless ``gate.temperature`` says otherwise."""
+        t = self.cfg.gate.temperature
+        return self.cfg.temperature if t is None else t
 
     def _evaluate(self, label: str) -> None:
         """The held-out evaluation of the live versions before the first round (``baseline``)
@@ -585,7 +599,8 @@ class Loop:
             return
         t0 = time.perf_counter()
         scores = self._scores(label, dict(self.data["live"]), self.work / label,
-                              self.cfg.eval_tasks)
+                              self.cfg.eval_tasks, temperature=self.cfg.eval_temperature,
+                              rollouts=self.cfg.eval_rollouts).team
         n = len(scores)
         self.data[label] = {**self.data.get(label, {}), "policy": dict(self.data["live"]),
                             "after_rounds": after, "n": n, "seconds": time.perf_counter() - t0,
@@ -621,18 +636,29 @@ class Loop:
                           for label, versions in (("live", dict(self.data["live"])),
                                                   ("candidate", candidate)))
         else:
-            live = self._scores(f"round {r} gate: live", dict(self.data["live"]),
-                                rdir / "gate-live", gate_tasks or "")
-            cand = self._scores(f"round {r} gate: candidate", candidate,
-                                rdir / "gate-candidate", gate_tasks or "")
-        decision = gate(live, cand, rule=cfg.gate.rule, tolerance=cfg.gate.tolerance)
-        record["gate"] = decision.as_dict()
-        log(f"round {r} gate: {'publish' if decision.publish else 'REFUSED'}: {decision.rule}")
-        if not decision.publish:
+            live, cand = (self._scores(f"round {r} gate: {label}", versions,
+                                       rdir / f"gate-{label}", gate_tasks or "",
+                                       temperature=self._gate_temperature,
+                                       rollouts=cfg.gate.rollouts)
+                          for label, versions in (("live", dict(self.data["live"])),
+                                                  ("candidate", candidate)))
+        changed = [a for a, v in candidate.items() if v != self.data["live"].get(a)]
+        publish, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
+                                                   tolerance=cfg.gate.tolerance)
+        reasons = ([] if team.publish else [team.rule]) + [
+            f"role {a} worse: {d.rule}" for a, d in roles.items() if not d.publish]
+        record["gate"] = {**team.as_dict(), "publish": publish, "team_publish": team.publish,
+                          "rule": team.rule if publish else "; ".join(reasons),
+                          "temperature": self._gate_temperature, "rollouts": cfg.gate.rollouts,
+                          "roles": {a: d.as_dict() for a, d in roles.items()}}
+        log(f"round {r} gate: {'publish' if publish else 'REFUSED'}: {record['gate']['rule']}"
+            + "".join(f"; {a}: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+                      for a, d in roles.items()))
+        if not publish:
             self.data["events"].append({"round": r, "event": "refused", "candidate": candidate,
-                                        "reason": decision.rule})
-            self._unload([v for a, v in candidate.items() if v != self.data["live"].get(a)])
-        return decision.publish
+                                        "reason": record["gate"]["rule"]})
+            self._unload([candidate[a] for a in changed])
+        return publish
 
     def _unload(self, names: list[str]) -> None:
         from agl_bridge.trainer.serving.publisher import _post, _root

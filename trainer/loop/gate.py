@@ -9,14 +9,19 @@ approximation, standard error of the mean difference) decide:
 * ``better``: publish only if the whole interval lies above ``tolerance``;
 * ``off``: always publish (the decision is still computed and recorded).
 
+The team's score can hide a role that got worse: near 0 it cannot fall, and one role's gain can
+carry another's loss. So each role whose adapter changed is gated on its own score too, under
+``not_worse`` whatever the team's rule (a role need not improve, only not regress), and one
+role's refusal refuses the candidate (``gate_team_and_roles``).
+
 Pure: scores in, a decision with its rule and interval out.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 GateRule = Literal["not_worse", "better", "off"]
@@ -37,6 +42,23 @@ class GateDecision:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One version set's mean score per held-out task: the team's, and each role's own (role
+    -> task -> score; empty when the team reports none)."""
+
+    team: dict[str, float]
+    roles: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"team": self.team, "roles": self.roles}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Scores:
+        return cls(dict(data.get("team", {})), {k: dict(v) for k, v in
+                                                data.get("roles", {}).items()})
 
 
 def paired(live: Mapping[str, float], candidate: Mapping[str, float]
@@ -77,3 +99,15 @@ def gate(live: Mapping[str, float], candidate: Mapping[str, float], *,
         ok = True
         text = f"gate off: mean difference {diff:+.3f}, 95% interval {interval}"
     return GateDecision(ok, text, n, l_mean, c_mean, diff, low, high)
+
+
+def gate_team_and_roles(live: Scores, candidate: Scores, roles: Iterable[str], *,
+                        rule: GateRule = "not_worse", tolerance: float = 0.0
+                        ) -> tuple[bool, GateDecision, dict[str, GateDecision]]:
+    """(publish, the team's decision, each changed role's). A role is gated only where both
+    versions have its scores; under ``off`` nothing is refused."""
+    team = gate(live.team, candidate.team, rule=rule, tolerance=tolerance)
+    role_rule: GateRule = "off" if rule == "off" else "not_worse"
+    per_role = {r: gate(live.roles[r], candidate.roles[r], rule=role_rule, tolerance=tolerance)
+                for r in sorted(set(roles)) if live.roles.get(r) and candidate.roles.get(r)}
+    return team.publish and all(d.publish for d in per_role.values()), team, per_role

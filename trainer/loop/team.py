@@ -10,7 +10,8 @@ program reads (all optional but the tasks):
 ``AGL_BRIDGE_ROLLOUTS``     episodes per task (a group for group-relative training)
 ``AGL_BRIDGE_TEMPERATURE``  sampling temperature (0: greedy, as for held-out evaluation)
 ``AGL_BRIDGE_RESULTS``      where to write one JSON line per episode: ``task_id``, and ``score``
-                            (what evaluation compares) and ``episode_id`` when the program knows
+                            (what evaluation compares) and ``episode_id`` when the program knows;
+                            ``agent_score`` (agent -> score) lets the gate judge each role too
 ``OPENAI_BASE_URL``         the serving vLLM (the openai SDK reads it itself)
 ``OPENAI_API_KEY``          set to a placeholder when unset (vLLM needs none)
 ==========================  =====================================================================
@@ -23,6 +24,7 @@ versions, or to a candidate's during a gate evaluation), ``OTEL_SERVICE_NAME``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -149,3 +151,21 @@ def task_scores(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
                 isinstance(r.get("task_id"), str):
             sums.setdefault(r["task_id"], []).append(float(value))
     return {t: sum(v) / len(v) for t, v in sums.items()}
+
+
+ROLE_KEYS = ("agent_score", "agent_correct", "agent_reward")  # the first a line has is used
+
+
+def role_scores(results: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Agent -> task -> mean of the agent's own score: ``agent_score``, else ``agent_correct``
+    as 0/1, else ``agent_reward`` (each an object keyed by agent), as the program wrote it."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for r in results:
+        own = next((r[k] for k in ROLE_KEYS if isinstance(r.get(k), dict)), None)
+        if own is None or not isinstance(r.get("task_id"), str):
+            continue
+        for agent, value in own.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                sums.setdefault(str(agent), {}).setdefault(r["task_id"], []).append(
+                    float(value))
+    return {a: {t: sum(v) / len(v) for t, v in tasks.items()} for a, tasks in sums.items()}

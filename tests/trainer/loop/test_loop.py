@@ -19,8 +19,8 @@ import pytest
 from agl_bridge.settings import SettingError, build
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop, LoopCallback
-from agl_bridge.trainer.loop.gate import gate, paired
-from agl_bridge.trainer.loop.team import write_tasks
+from agl_bridge.trainer.loop.gate import Scores, gate, gate_team_and_roles, paired
+from agl_bridge.trainer.loop.team import role_scores, write_tasks
 from agl_bridge.trainer.loop.watch import watch
 from tests.paths import AGENTS
 from tests.scripted_server import ScriptedServer
@@ -256,6 +256,73 @@ def test_gate_rules(live, candidate, rule, publish):
     assert decision.publish is publish, decision.rule
 
 
+ZEROS = {t: 0.0 for t in "abcdef"}
+
+
+@pytest.mark.parametrize("live, candidate, roles, rule, publish, refused_by", [
+    # the team at 0 either way: only the solver's own score shows its regression
+    (Scores(ZEROS, {"solver": dict.fromkeys("abcdef", 1.0)}),
+     Scores(ZEROS, {"solver": dict.fromkeys("abcdef", 0.0)}), ["solver"], "not_worse", False,
+     ["solver"]),
+    # the same, but the solver's adapter did not change: its score is not gated
+    (Scores(ZEROS, {"solver": dict.fromkeys("abcdef", 1.0)}),
+     Scores(ZEROS, {"solver": dict.fromkeys("abcdef", 0.0)}), ["checker"], "not_worse", True,
+     []),
+    # the team better beyond noise ("better") while a role only holds: published
+    (Scores(ZEROS, {"solver": {"a": 1.0, "b": 0.0}}),
+     Scores(dict.fromkeys("abcdef", 1.0), {"solver": {"a": 0.0, "b": 1.0}}), ["solver"],
+     "better", True, []),
+    # a role with no scores on one side is not gated; the team decides
+    (Scores(ZEROS, {}), Scores(ZEROS, {"solver": {"a": 0.0}}), ["solver"], "not_worse", True,
+     []),
+    # off: nothing refused
+    (Scores(ZEROS, {"solver": dict.fromkeys("abc", 1.0)}),
+     Scores(ZEROS, {"solver": dict.fromkeys("abc", 0.0)}), ["solver"], "off", True, []),
+])
+def test_each_changed_role_is_gated_on_its_own_score(live, candidate, roles, rule, publish,
+                                                    refused_by):
+    ok, _, per_role = gate_team_and_roles(live, candidate, roles, rule=rule)
+    assert ok is publish
+    assert [r for r, d in per_role.items() if not d.publish] == refused_by
+
+
+@pytest.mark.parametrize("lines, expected", [
+    ([{"task_id": "a", "agent_score": {"s": 1}}, {"task_id": "a", "agent_score": {"s": 0}}],
+     {"s": {"a": 0.5}}),
+    ([{"task_id": "a", "agent_correct": {"s": True, "c": False}}], {"s": {"a": 1.0},
+                                                                   "c": {"a": 0.0}}),
+    # agent_score first; a non-number, NaN, a missing task or a non-object are skipped
+    ([{"task_id": "a", "agent_score": {"s": 0.25}, "agent_reward": {"s": 9}},
+      {"task_id": "b", "agent_score": {"s": "x", "c": float("nan")}},
+      {"agent_score": {"s": 1}}, {"task_id": "c", "agent_score": [1]}], {"s": {"a": 0.25}}),
+])
+def test_role_scores_from_the_teams_result_lines(lines, expected):
+    assert role_scores(lines) == expected
+
+
+def test_the_gate_samples_as_served_and_refuses_a_role_that_got_worse(tmp_path, tiny):
+    """The team's score is 0 whatever the versions (``--team-fails``): the team gate alone
+    passes every candidate. v1 answers wrongly: the solver's own score refuses it, and the gate
+    played each task twice at the rollouts' temperature, not greedily."""
+    with server_for(bad={"solver@v1"}) as server:
+        data = Loop(setup(tmp_path, tiny, server, rounds=1, team=TEAM + " --team-fails",
+                          temperature=0.7)).run()
+    (r0,) = data["rounds"]
+    gate_record = r0["gate"]
+    assert gate_record["team_publish"] is True and gate_record["difference"] == 0.0
+    assert gate_record["publish"] is False and "role solver worse" in gate_record["rule"]
+    assert gate_record["roles"]["solver"]["difference"] == -1.0
+    assert data["live"] == {"solver": "base"} and "solver@v1" not in server.adapters
+    played = [json.loads(line) for line in
+              (tmp_path / "loop" / "round00" / "gate-candidate" /
+               "results.jsonl").read_text().splitlines()]
+    assert {(p["temperature"], p["rollouts"]) for p in played} == {(0.7, 2)}
+    assert len(played) == 12  # 6 gate tasks x 2
+    baseline = [json.loads(line) for line in
+                (tmp_path / "loop" / "baseline" / "results.jsonl").read_text().splitlines()]
+    assert {(p["temperature"], p["rollouts"]) for p in baseline} == {(0.0, 1)}  # eval: greedy
+
+
 def test_paired_interval_by_hand():
     n, l_mean, c_mean, diff, low, high = paired({"a": 1, "b": 0, "c": 1}, {"a": 1, "b": 1,
                                                                          "c": 0, "x": 5})
@@ -461,20 +528,20 @@ def test_a_candidate_left_loaded_by_a_kill_during_the_gate_is_unloaded(tmp_path,
     again, before anything else reaches the server."""
     import agl_bridge.trainer.loop.engine as engine
 
-    real_gate = engine.gate
+    real_gate = engine.gate_team_and_roles
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt  # what SIGTERM/SIGINT become inside the loop
 
     with server_for(bad=set()) as server:
         cfg = setup(tmp_path, tiny, server, rounds=1)
-        monkeypatch.setattr(engine, "gate", killed)
+        monkeypatch.setattr(engine, "gate_team_and_roles", killed)
         with pytest.raises(SystemExit):
             Loop(cfg).run()
         assert "solver@v1" in server.adapters  # loaded for the gate, then the kill
         saved = json.loads((tmp_path / "loop" / "state.json").read_text())
         assert saved["candidates_loaded"] == ["solver@v1"]
-        monkeypatch.setattr(engine, "gate", real_gate)
+        monkeypatch.setattr(engine, "gate_team_and_roles", real_gate)
         server.requests.clear()
         data = Loop(cfg).run()
         calls = [(b.get("lora_name"), "unload" if "lora_path" not in b else "load")
