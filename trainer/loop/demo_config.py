@@ -74,7 +74,9 @@ DEMO_OVERRIDES: dict[str, Any] = {
     "workdir": "runs/demo", "model": "smollm2", "rounds": 12, "minutes": 30.0,
     "max_tokens": 16,
     "train": {"policy": "per_agent_lora", "learning_rate": 2e-4,
-              "per_device_train_batch_size": 16, "lora_r": 16, "lora_alpha": 32},
+              "per_device_train_batch_size": 16, "lora_r": 16, "lora_alpha": 32,
+              # event files under WORKDIR/runs and each round's train/runs: light, no server
+              "report_to": ["tensorboard"]},
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from agl_bridge.settings import check_choices, setting
 from agl_bridge.trainer.adapters import version_of
+from agl_bridge.trainer.tracking import ReportTo
 
 Policy = Literal["shared", "per_agent_lora", "per_agent_model"]
 Objective = Literal["grpo", "sft"]
@@ -84,6 +85,17 @@ class GRPOConfig:
     max_steps: int | None = setting(None, help="stop after this many optimizer steps")
     save_steps: int | None = setting(
         None, help="checkpoint every N optimizer steps (into the run's checkpoints/)")
+    report_to: list[ReportTo] = setting(
+        help="where settings, metrics and artifacts go, as TRL's report_to: none, all (every "
+             "tool installed), mlflow (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME), "
+             "tensorboard (event files in logging_dir); the loop reports its rounds there too",
+        default_factory=lambda: ["none"])
+    logging_dir: str | None = setting(
+        None, help="TensorBoard's event files (unset: OUTPUT_DIR/runs; the loop's rounds: "
+                   "WORKDIR/runs)")
+    run_name: str | None = setting(
+        None, help="the run's name in MLflow (unset: the output directory's; the loop's: the "
+                   "workdir's)")
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -93,6 +105,8 @@ class GRPOConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate!r}")
+        if "none" in self.report_to and len(self.report_to) > 1:
+            raise ValueError(f"report_to: 'none' goes alone, got {self.report_to}")
         if self.objective == "sft" and self.sft_select == "threshold" and \
                 self.sft_min_reward is None:
             raise ValueError("sft_select = 'threshold' needs sft_min_reward")

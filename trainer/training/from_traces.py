@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from agl_bridge import settings
 from agl_bridge.trainer.conversion import ConversionStats, ConvertConfig, convert
+from agl_bridge.trainer.tracking import Tracker, open_tracker
 from agl_bridge.trainer.training.config import GRPOConfig, NothingToTrain
 
 
@@ -96,14 +97,49 @@ def train_from_traces(
     ``adapters_dir`` (default ``<output_dir>/adapters``) is where versions are numbered: give
     successive runs the same one and their versions count on (v1, v2, ...).
     ``evaluations_from``: a span directory whose evaluation records (feedback, judges) count
-    besides ``traces``'.
+    besides ``traces``'. ``report_to`` (a training setting) sends the settings, each
+    micro-batch's metrics, the conversion's counts and the adapters' metadata to MLflow and
+    TensorBoard (``trainer/tracking.py``).
     """
     from agl_bridge.trainer.training.distributed import world_and_rank
-    from agl_bridge.trainer.training.loop import train_policy
 
     convert_config, train_config = split_options(options)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    tracker = _tracker(train_config, out) if world_and_rank()[1] == 0 else None
+    if tracker is None:
+        return _train_from_traces(traces, base_model, out, adapter_name, init_adapters,
+                                  progress, resume_from_checkpoint, adapters_dir,
+                                  evaluations_from, convert_config, train_config, None)
+    with tracker:  # an error ends the tracked run as FAILED
+        tracker.log_params({"convert": settings.values(convert_config),
+                            "train": settings.values(train_config)})
+        try:
+            return _train_from_traces(traces, base_model, out, adapter_name, init_adapters,
+                                      progress, resume_from_checkpoint, adapters_dir,
+                                      evaluations_from, convert_config, train_config, tracker)
+        except NothingToTrain as exc:  # a round with nothing to learn from: no failure
+            tracker.set_tags({"agl_bridge.nothing_to_train": str(exc).splitlines()[0]})
+            tracker.close()
+            raise
+
+
+def _tracker(config: GRPOConfig, out: Path) -> Tracker | None:
+    """The run ``report_to`` asks for: named after the output directory (``round03/train``
+    in the loop), TensorBoard's events in ``logging_dir`` or ``OUTPUT_DIR/runs``."""
+    name = config.run_name or (f"{out.parent.name}/{out.name}" if out.parent.name else out.name)
+    return open_tracker(config.report_to, run_name=name,
+                        logging_dir=config.logging_dir or out / "runs",
+                        tags={"agl_bridge.output_dir": str(out.resolve())})
+
+
+def _train_from_traces(traces, base_model, out: Path, adapter_name: str, init_adapters,
+                       progress: bool, resume_from_checkpoint, adapters_dir, evaluations_from,
+                       convert_config: ConvertConfig, train_config: GRPOConfig,
+                       tracker: Tracker | None) -> TrainRun:
+    from agl_bridge.trainer.training.distributed import world_and_rank
+    from agl_bridge.trainer.training.loop import train_policy
+
     single = Path(traces) if isinstance(traces, (str, os.PathLike)) else None
     stats = None
     if single is not None and _is_transitions_file(single):
@@ -132,7 +168,7 @@ def train_from_traces(
                           config=train_config, init_adapters=init_adapters,
                           metrics_path=metrics_path, progress=progress,
                           checkpoint_dir=out / "checkpoints",
-                          resume_from_checkpoint=resume_from_checkpoint)
+                          resume_from_checkpoint=resume_from_checkpoint, tracker=tracker)
     run = TrainRun(out, transitions, stats, result.adapters, result.steps, metrics_path)
     if world_and_rank()[1] != 0:
         return run
@@ -145,7 +181,31 @@ def train_from_traces(
         "adapters": {k: str(v) for k, v in result.adapters.items()}, "steps": result.steps,
         "seconds": time.time() - t0,
     }, indent=2, default=str))
+    if tracker is not None:
+        _track_outputs(tracker, run, stats, time.time() - t0)
     return run
+
+
+def _track_outputs(tracker: Tracker, run: TrainRun, stats: ConversionStats | None,
+                   seconds: float) -> None:
+    """What a run leaves, for the tracker: the conversion's counts, the time, the adapters'
+    metadata, ``run.json`` and ``metrics.jsonl``."""
+    from agl_bridge.trainer.adapters import METADATA_FILE
+
+    summary: dict[str, Any] = {"steps": run.steps, "seconds": seconds}
+    if stats is not None:
+        summary.update(transitions=stats.transitions, episodes=stats.episodes,
+                       llm_spans=stats.llm_spans, groups=stats.groups,
+                       zero_variance_groups=stats.zero_variance_groups,
+                       skipped=sum(stats.skipped.values()))
+        tracker.log_text("conversion.txt", stats.summary())
+    tracker.log_metrics(summary, run.steps, prefix="run/")
+    for name, directory in sorted(run.adapters.items()):
+        tracker.log_artifact(directory / METADATA_FILE, f"adapters/{name}/{directory.name}")
+    tracker.set_tags({"agl_bridge.adapters": json.dumps(
+        {k: str(v) for k, v in sorted(run.adapters.items())})})
+    tracker.log_artifact(run.output_dir / "run.json")
+    tracker.log_artifact(run.metrics_path)
 
 
 def _barrier() -> None:

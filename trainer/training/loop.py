@@ -36,6 +36,7 @@ import torch
 from agl_bridge._version import __version__
 from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, next_version_dir
 from agl_bridge.trainer.rewards.advantages import group_advantages
+from agl_bridge.trainer.tracking import Tracker
 from agl_bridge.trainer.training.checkpoints import (
     load_checkpoint,
     load_sharded_checkpoint,
@@ -73,6 +74,8 @@ from agl_bridge.trainer.training.sharding import (
 )
 
 logger = logging.getLogger(__name__)
+# metrics lines' fields that are no curve: the x axis (micro-batch) and labels
+TRACKED_APART = ("micro_batch", "adapter", "objective", "rank")
 
 def train_policy(
     transitions: str | os.PathLike[str] | pa.Table,
@@ -89,6 +92,7 @@ def train_policy(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
     objective: Objective | None = None,
+    tracker: Tracker | None = None,
 ) -> TrainResult:
     """One round of policy updates; returns the new adapter version of each trained adapter.
 
@@ -99,7 +103,9 @@ def train_policy(
     (a checkpoint directory, or True for the latest in ``checkpoint_dir``) continues it, with the
     same batches and the same loss trajectory as a run that was never stopped.
     ``objective``: ``grpo``, or ``sft`` (imitate the transitions ``cfg.sft_select`` picks).
-    ``policy`` and ``objective`` default to the config's.
+    ``policy`` and ``objective`` default to the config's. ``tracker`` (``open_tracker``)
+    gets each micro-batch's metrics as they are written (``train_from_traces`` opens one from
+    ``report_to``).
     """
     cfg = config or GRPOConfig()
     policy = policy or cfg.policy
@@ -155,7 +161,8 @@ def train_policy(
             part = [r for r in rows if r["adapter"] == name]
             sub = _train(part, base_model, adapters_root, [name], cfg, init_adapters or {},
                          metrics_file, progress, keep_model=False,
-                         data=_data_range(transitions, table), objective=objective)
+                         data=_data_range(transitions, table), objective=objective,
+                         tracker=tracker)
             result.adapters.update(sub.adapters)
             result.steps += sub.steps
             result.metrics += sub.metrics
@@ -164,13 +171,14 @@ def train_policy(
     return _train(rows, base_model, adapters_root, names, cfg, init_adapters or {}, metrics_file,
                   progress, keep_model=keep_model, checkpoint_dir=checkpoint_dir,
                   resume=resume_from_checkpoint, data=_data_range(transitions, table),
-                  objective=objective)
+                  objective=objective, tracker=tracker)
 
 
 def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[str],
            cfg: GRPOConfig, init_adapters, metrics_file: Path | None, progress: bool,
            keep_model: bool = False, checkpoint_dir=None, resume=None,
-           data: dict[str, Any] | None = None, objective: Objective = "grpo") -> TrainResult:
+           data: dict[str, Any] | None = None, objective: Objective = "grpo",
+           tracker: Tracker | None = None) -> TrainResult:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     skipped_zero_variance = 0
@@ -319,6 +327,9 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             metrics_file.parent.mkdir(parents=True, exist_ok=True)
             with open(metrics_file, "a") as f:
                 f.write(json.dumps(m) + "\n")
+        if tracker is not None and rank == 0:
+            tracker.log_metrics({k: v for k, v in m.items() if k not in TRACKED_APART}, micro,
+                                prefix=f"train/{name}/")
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.4f}", adapter=name)
         if checkpoint_due and sharded:  # right after an optimizer step; every rank writes
