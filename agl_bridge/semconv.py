@@ -231,3 +231,31 @@ SCOPE_ATTRIBUTES: Final = {
     "workflow_id": WORKFLOW_ID,
     "workflow_task_id": WORKFLOW_TASK_ID,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Other instrumentors' conventions: read at conversion (``trainer/conversion/foreign.py``),
+# never written. Indexed keys are prefixes: ``<prefix>{i}.<field>``.
+# ---------------------------------------------------------------------------------------------
+# the GenAI events that carry a call's messages: the newest one event per call (as a span event
+# or a log record), and the older ``gen_ai.content.*`` pair holding the messages as JSON
+GEN_AI_OPERATION_DETAILS: Final = "gen_ai.client.inference.operation.details"
+GEN_AI_CONTENT_PROMPT: Final = "gen_ai.content.prompt"
+GEN_AI_CONTENT_COMPLETION: Final = "gen_ai.content.completion"
+GEN_AI_PROMPT: Final = "gen_ai.prompt"  # on gen_ai.content.prompt; OpenLLMetry's prefix below
+GEN_AI_COMPLETION: Final = "gen_ai.completion"
+
+# OpenLLMetry (Traceloop) before it wrote gen_ai.input.messages: one flat key per field
+OPENLLMETRY_PROMPT_PREFIX: Final = "gen_ai.prompt."  # {i}.role|content|tool_call_id|tool_calls
+OPENLLMETRY_COMPLETION_PREFIX: Final = "gen_ai.completion."  # {i}.role|content|finish_reason
+OPENLLMETRY_REQUEST_TYPE: Final = "llm.request.type"  # "chat"
+OPENLLMETRY_SPAN_KIND: Final = "traceloop.span.kind"  # "agent" on @agent spans
+OPENLLMETRY_ENTITY_NAME: Final = "traceloop.entity.name"  # the agent's name on those
+
+# OpenInference (Arize Phoenix)
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"  # "LLM", "AGENT", ...
+OPENINFERENCE_INPUT_PREFIX: Final = "llm.input_messages."  # {i}.message.role|content|...
+OPENINFERENCE_OUTPUT_PREFIX: Final = "llm.output_messages."
+OPENINFERENCE_MODEL_NAME: Final = "llm.model_name"
+OPENINFERENCE_AGENT_NAME: Final = "agent.name"
+OPENINFERENCE_OUTPUT_VALUE: Final = "output.value"  # the response as JSON: its finish reason

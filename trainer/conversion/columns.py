@@ -21,6 +21,10 @@ COLUMNS = ("trace_id", "span_id", "start_time_unix_nano", "end_time_unix_nano", 
            "completion_token_ids", "completion_logprobs", "reward_value", "reward_scope",
            "evaluation_name", "evaluation_target")
 
+# read besides when retokenizing: the messages, and where other instrumentors keep them and the
+# agent of a call (``foreign.py``: events, the enclosing span)
+RETOKENIZE_COLUMNS = ("attributes", "events", "parent_span_id")
+
 # not in the span schema: set by retokenization on rows whose ids it rebuilt
 RETOKENIZED = "retokenized"
 
@@ -29,7 +33,7 @@ def columns_to_read(retokenize: bool, extra: Sequence[str] = ()) -> list[str]:
     """The span file columns conversion reads, in schema order (``extra``: those a reward
     recipe reads besides)."""
     wanted = set(COLUMNS) | set(REQUIRED_SPAN_COLUMNS) | set(extra) | (
-        {"attributes"} if retokenize else set())
+        set(RETOKENIZE_COLUMNS) if retokenize else set())
     return [c for c in SPAN_SCHEMA.names if (c != "name" or c in extra) and c in wanted]
 
 

@@ -68,10 +68,11 @@ def _convert_table(spans: pa.Table, cfg: ConvertConfig, source: str,
                    ) -> tuple[pa.Table, ConversionStats]:
     if not cfg.retokenize:
         return convert_rows(spans, cfg, source, evaluations=evaluations)
+    from agl_bridge.trainer.conversion.foreign import normalize
     from agl_bridge.trainer.conversion.retokenize import fill_ids
 
     before = ConversionStats()
-    spans = fill_ids(spans, cfg.retokenize, before)
+    spans = fill_ids(normalize(spans, before), cfg.retokenize, before)
     table, stats = convert_rows(spans, cfg, source, evaluations=evaluations)
     stats.notes.update(before.notes)
     return table, stats

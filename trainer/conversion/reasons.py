@@ -25,6 +25,7 @@ NON_FINITE_REWARD = "non-finite reward (rejected)"
 HOLEY_LIST = "null inside an id or logprob list (the list is ignored)"
 RETOKENIZED = "ids rebuilt from messages (retokenized)"
 OTLP_LINE_BAD = "OTLP/JSON line that could not be read (quarantined)"
+AGENT_FROM_ANCESTOR = "agent of an LLM call taken from an enclosing span (another instrumentor)"
 
 # reasons a reward span cannot be matched (``EpisodeRewards.add``), noted with IGNORED_SUFFIX
 AGENT_REWARD_WITHOUT_AGENT = "agent-scoped reward without an agent"
@@ -51,3 +52,13 @@ def retokenize_agreement(part: str, agrees: bool) -> str:
 
 def retokenize_failed(error: str) -> str:
     return f"messages could not be retokenized ({error})"
+
+
+def foreign_read(convention: str) -> str:
+    """An LLM call whose messages another instrumentor's convention held (``foreign.py``)."""
+    return f"messages read from {convention}"
+
+
+def foreign_unreadable(convention: str, key: str, why: str) -> str:
+    """Messages in another convention that could not be read: the call gets no ids."""
+    return f"{convention} messages unreadable, call skipped ({key}: {why})"

@@ -1,0 +1,199 @@
+"""Spans written by other projects' instrumentors convert with retokenization
+(``trainer/conversion/foreign.py``): the real packages from the registry drive a team against
+the scripted server and export over OTLP to our receiver; recorded spans cover the forms the
+installed versions no longer write (OpenLLMetry's flat ``gen_ai.prompt.N.*``, GenAI span
+events) and bad input."""
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from agl_bridge import semconv as sc
+from agl_bridge.trainer.conversion import ConvertConfig, convert, reasons, spans_to_transitions
+from agl_bridge.trainer.conversion.foreign import GENAI_EVENTS, OPENINFERENCE, OPENLLMETRY
+from tests.factories import llm, reward, table
+from tests.feedback_runs import clean_env
+from tests.paths import AGENTS
+from tests.scripted_server import ScriptedServer
+
+TEAM = AGENTS / "foreign_team.py"
+
+
+def template(tiny, messages, answer):
+    """The ids a server would have seen and sampled for this exchange."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    return list(prompt), tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
+
+
+# -- the real instrumentors ---------------------------------------------------------------------
+@pytest.mark.parametrize("which", ["openai-v2", "openinference", "openllmetry"])
+def test_a_team_traced_by_another_instrumentor_trains_through_retokenization(tmp_path, start,
+                                                                             tiny, which):
+    receiver = start()
+    with ScriptedServer(vllm=False, reply="4") as server:
+        run = subprocess.run([sys.executable, str(TEAM), which, server.base_url,
+                              receiver.http_endpoint, "2"], capture_output=True, text=True,
+                             env=clean_env(), timeout=120)
+    assert run.returncode == 0, run.stderr
+    tasks = [json.loads(line) for line in run.stdout.splitlines()]
+    receiver.stop()
+
+    out = tmp_path / "t.parquet"
+    stats = convert(tmp_path / "out", out, ConvertConfig(retokenize=str(tiny)))
+    rows = pq.read_table(out).to_pylist()
+    assert sorted((r["episode_id"], r["agent_name"]) for r in rows) == sorted(
+        (f"trace:{t['trace_id']}", agent) for t in tasks for agent in ("solver", "checker"))
+    assert all(r["retokenized"] and r["behaviour_logprobs"] is None for r in rows)
+    assert {r["episode_id"]: r["reward"] for r in rows} == {
+        f"trace:{t['trace_id']}": float(i) for i, t in enumerate(tasks)}  # the team's score
+    solver = next(r for r in rows if r["agent_name"] == "solver"
+                  and r["episode_id"] == f"trace:{tasks[1]['trace_id']}")
+    prompt, completion = template(tiny, [{"role": "system", "content": "You solve sums."},
+                                         {"role": "user", "content": "What is 1 + 2?"}], "4")
+    assert (solver["prompt_ids"], solver["completion_ids"]) == (prompt, completion)
+    assert stats.notes[reasons.RETOKENIZED] == 4
+    assert stats.notes[reasons.AGENT_FROM_ANCESTOR] == 4
+    if which == "openinference":  # the others write gen_ai.input.messages, our own shape
+        assert stats.notes[reasons.foreign_read(OPENINFERENCE)] == 4
+
+    plain = convert(tmp_path / "out", tmp_path / "plain.parquet")  # no ids, no retokenization
+    assert plain.skipped.get(reasons.NO_TOKEN_IDS, 0) == (0 if which == "openinference" else 4)
+    assert pq.read_table(tmp_path / "plain.parquet").num_rows == 0
+
+
+# -- recorded spans -----------------------------------------------------------------------------
+def foreign(trace, t, attributes, *, events=None, parent=None, span=None, operation=None):
+    """A span as another instrumentor writes it: no episode, task, agent, ids."""
+    row = llm(None, t, task=None, agent=None, prompt=None, completion=None, trace=trace,
+              turn=None)
+    row.update(operation_name=operation, attributes=json.dumps(attributes),
+               events=json.dumps(events) if events else None, parent_span_id=parent)
+    if span:
+        row["span_id"] = span
+    return row
+
+
+def openllmetry_call(trace, parent, question, answer):
+    """OpenLLMetry before gen_ai.input.messages: one flat key per message field."""
+    return foreign(trace, 2, {"llm.request.type": "chat", "gen_ai.prompt.0.role": "user",
+                              "gen_ai.prompt.0.content": question,
+                              "gen_ai.completion.0.role": "assistant",
+                              "gen_ai.completion.0.content": answer,
+                              "gen_ai.completion.0.finish_reason": "stop"}, parent=parent,
+                   operation="chat")
+
+
+@pytest.mark.parametrize("route", ["in memory", "spilled"])
+def test_openllmetry_flat_messages_under_an_agent_span_convert(tiny, tmp_path, route):
+    trace = "a" * 32
+    rows = [foreign(trace, 1, {"traceloop.span.kind": "agent", "traceloop.entity.name": "coder"},
+                    span="1" * 16),
+            openllmetry_call(trace, "1" * 16, "2+3?", "5"), reward(None, 3, 1.0, trace=trace)]
+    if route == "in memory":
+        out, stats = spans_to_transitions(table(rows), ConvertConfig(retokenize=str(tiny)))
+    else:  # more rows than memory allows: buckets by episode, the agent span in the bucket
+        pq.write_table(table(rows), tmp_path / "spans.parquet")
+        stats = convert(tmp_path / "spans.parquet", tmp_path / "t.parquet",
+                        ConvertConfig(retokenize=str(tiny)), max_rows_in_memory=1)
+        out = pq.read_table(tmp_path / "t.parquet")
+    (got,) = out.to_pylist()
+    assert (got["episode_id"], got["agent_name"], got["reward"]) == (f"trace:{trace}", "coder",
+                                                                     1.0)
+    assert (got["prompt_ids"], got["completion_ids"]) == template(
+        tiny, [{"role": "user", "content": "2+3?"}], "5")
+    assert stats.notes[reasons.foreign_read(OPENLLMETRY)] == 1
+
+
+def test_genai_span_events_and_tool_calls_convert(tiny):
+    """The operation-details event (GenAI messages) and the older gen_ai.content.* pair."""
+    trace = "b" * 32
+    inputs = [{"role": "user", "parts": [{"type": "text", "content": "weather?"}]}]
+    outputs = [{"role": "assistant", "finish_reason": "stop",
+                "parts": [{"type": "text", "content": "sunny"}]}]
+    details = foreign(trace, 1, {sc.GEN_AI_AGENT_NAME: "a"}, operation="chat", events=[
+        {"name": sc.GEN_AI_OPERATION_DETAILS, "time_unix_nano": 1,
+         "attributes": {sc.GEN_AI_INPUT_MESSAGES: inputs, sc.GEN_AI_OUTPUT_MESSAGES: outputs}}])
+    details["agent_name"] = "a"
+    openai_form = [{"role": "user", "content": "weather?"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function",
+                        "function": {"name": "look", "arguments": "{}"}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    legacy = foreign(trace, 2, {}, operation="chat", events=[
+        {"name": sc.GEN_AI_CONTENT_PROMPT, "attributes": {sc.GEN_AI_PROMPT: json.dumps(
+            openai_form)}},
+        {"name": sc.GEN_AI_CONTENT_COMPLETION, "attributes": {sc.GEN_AI_COMPLETION: json.dumps(
+            [{"role": "assistant", "content": "It is sunny.", "finish_reason": "stop"}])}}])
+    legacy["agent_name"] = "b"
+    rows = [details, legacy, reward(None, 3, 1.0, trace=trace)]
+    out, stats = spans_to_transitions(table(rows), ConvertConfig(retokenize=str(tiny)))
+    got = {r["agent_name"]: r for r in out.to_pylist()}
+    assert got["a"]["prompt_ids"] == template(tiny, [{"role": "user", "content": "weather?"}],
+                                              "sunny")[0]
+    expected = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "id": "c1",
+                     "function": {"name": "look", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    assert (got["b"]["prompt_ids"], got["b"]["completion_ids"]) == template(
+        tiny, expected, "It is sunny.")
+    assert stats.notes[reasons.foreign_read(GENAI_EVENTS)] == 2
+
+
+def test_openinference_multimodal_contents_and_agent_name_convert(tiny):
+    trace = "c" * 32
+    attributes = {"openinference.span.kind": "LLM", "llm.model_name": "m", "agent.name": "vision",
+                  "llm.input_messages.0.message.role": "user",
+                  "llm.input_messages.0.message.contents.0.message_content.type": "text",
+                  "llm.input_messages.0.message.contents.0.message_content.text": "what is ",
+                  "llm.input_messages.0.message.contents.1.message_content.type": "image",
+                  "llm.input_messages.0.message.contents.2.message_content.type": "text",
+                  "llm.input_messages.0.message.contents.2.message_content.text": "this?",
+                  "llm.output_messages.0.message.role": "assistant",
+                  "llm.output_messages.0.message.content": "a cat"}
+    rows = [foreign(trace, 1, attributes), reward(None, 3, 1.0, trace=trace)]
+    out, _ = spans_to_transitions(table(rows), ConvertConfig(retokenize=str(tiny)))
+    (got,) = out.to_pylist()
+    assert (got["agent_name"], got["request_model"]) == ("vision", "m")
+    prompt, completion = template(tiny, [{"role": "user", "content": "what is this?"}], "a cat")
+    # no finish reason recorded (no output.value): no stop token is guessed
+    assert (got["prompt_ids"], got["completion_ids"]) == (prompt, completion[:-1])
+
+
+def test_unreadable_foreign_messages_are_named_and_skipped_the_rest_converts(tiny):
+    trace = "d" * 32
+    no_role = openllmetry_call(trace, None, "q", "a")
+    del_role = json.loads(no_role["attributes"])
+    del del_role["gen_ai.prompt.0.role"]
+    no_role["attributes"] = json.dumps(del_role)
+    bad_index = foreign(trace, 4, {"openinference.span.kind": "LLM",
+                                   "llm.input_messages.x.message.role": "user"})
+    not_text = foreign(trace, 5, {"openinference.span.kind": "LLM",
+                                  "llm.input_messages.0.message.role": "user",
+                                  "llm.input_messages.0.message.content": 7,
+                                  "llm.output_messages.0.message.role": "assistant"})
+    bad_event = foreign(trace, 6, {}, operation="chat", events=[
+        {"name": sc.GEN_AI_CONTENT_PROMPT, "attributes": {sc.GEN_AI_PROMPT: "[{not json"}}])
+    good = openllmetry_call(trace, None, "2+3?", "5")
+    rows = [no_role, bad_index, not_text, bad_event, good, reward(None, 9, 1.0, trace=trace)]
+    out, stats = spans_to_transitions(table(rows), ConvertConfig(retokenize=str(tiny)))
+    assert out.num_rows == 1 and out["completion_ids"].to_pylist() == [
+        template(tiny, [{"role": "user", "content": "5"}], "5")[1]]
+    assert stats.notes[reasons.foreign_unreadable(
+        OPENLLMETRY, "gen_ai.prompt.0.role", "no role")] == 1
+    assert stats.notes[reasons.foreign_unreadable(
+        OPENINFERENCE, "llm.input_messages.x.message.role", "no message index after the prefix")
+    ] == 1
+    assert stats.notes[reasons.foreign_unreadable(
+        OPENINFERENCE, "llm.input_messages.0.message.content", "content is int, not text")] == 1
+    assert any(k.startswith(reasons.foreign_unreadable(
+        GENAI_EVENTS, f"{sc.GEN_AI_CONTENT_PROMPT} event: {sc.GEN_AI_PROMPT}", "not JSON"
+    )[:-1]) for k in stats.notes)
+    assert stats.skipped[reasons.NO_TOKEN_IDS] == 4  # each named above, none converted
