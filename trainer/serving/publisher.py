@@ -25,6 +25,7 @@ live again (loading it again if it was unloaded, and probing it either way).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -73,26 +74,95 @@ def served_name(adapter_dir: str | os.PathLike[str], alias: str | None = None) -
     return f"{alias or d.parent.name}@v{number}"
 
 
+def adapter_digest(directory: Path) -> str:
+    """The first 16 hex digits of a SHA-256 over the adapter's config and weights."""
+    h = hashlib.sha256()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        h.update(name.encode() + b"\0")
+        try:
+            with open(directory / name, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except FileNotFoundError:
+            h.update(b"-")
+    return h.hexdigest()[:16]
+
+
+CONTENT_LINKS = ".loaded"  # beside a registry's versions: links named for their content
+_DIGEST = re.compile(r"-([0-9a-f]{16})$")
+
+
+def content_path(directory: Path) -> tuple[Path, str]:
+    """(the path to load ``directory`` from, its digest). The path is a link
+    ``<parent>/.loaded/<vN>-<digest>`` to it: a server records the path it loaded (``root`` in
+    ``/v1/models``), so the link's name says later which weights it holds, even after the
+    directory was written again in place (``loop --fresh``) or another copy was published. A
+    parent that cannot take the link: the directory itself."""
+    digest = adapter_digest(directory)
+    link = directory.parent / CONTENT_LINKS / f"{directory.name}-{digest}"
+    try:
+        if os.readlink(link) == str(directory):
+            return link, digest
+    except OSError:
+        pass
+    try:
+        link.parent.mkdir(exist_ok=True)
+        tmp = link.with_name(f".{link.name}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(directory)
+        os.replace(tmp, link)
+        return link, digest
+    except OSError:
+        return directory, digest
+
+
+def _same_adapter(held: str, directory: Path, digest: str) -> bool:
+    """Whether a server's copy, loaded from ``held``, has ``directory``'s weights: by the
+    digest in a content link's name; else (loaded by another tool) by the content there now."""
+    found = _DIGEST.search(Path(held).name)
+    if found:
+        return found.group(1) == digest
+    try:
+        return Path(held).resolve() == directory or adapter_digest(Path(held)) == digest
+    except OSError:
+        return False
+
+
 def load_and_probe(servers: list[str], name: str, directory: Path, timeout_s: float = 60.0
                    ) -> None:
     """Load ``directory`` as ``name`` into every server, and check each answers a request to it.
-    A server that is down or answers garbage is a PublishError naming it, like a refusal."""
+    A server that is down or answers garbage is a PublishError naming it, like a refusal.
+    "Already loaded" is success only when the server's copy is this adapter (its content
+    digest); an older copy of this same directory (written again since) is unloaded and this
+    one loaded; another directory's is ``NameTaken``."""
+    directory = directory.resolve()
+    path, digest = content_path(directory)
     for server in servers:
         root = _root(server)
         try:
             status, text = _post(f"{root}/v1/load_lora_adapter",
-                                 {"lora_name": name, "lora_path": str(directory)}, timeout_s)
+                                 {"lora_name": name, "lora_path": str(path)}, timeout_s)
             if status != 200 and "already" not in text.lower():
                 raise PublishError(f"{root} refused adapter {name} from {directory}: "
                                    f"HTTP {status}: {text.strip()[:500]}")
             if status != 200:  # "already loaded": success only if it is this adapter
                 held = (served_models(server, timeout_s) or {}).get(name)
-                if held and Path(held).resolve() != directory.resolve():
-                    raise NameTaken(
-                        f"{root} already serves {name} from {held}, not {directory}: a server "
-                        f"keeps the weights it loaded first under a name. Unload it there "
-                        f"(POST {root}/v1/unload_lora_adapter) or publish with another "
-                        f"registry or run")
+                if held and not _same_adapter(held, directory, digest):
+                    if Path(held).parent.parent != directory.parent or not \
+                            Path(held).name.startswith(f"{directory.name}-"):
+                        raise NameTaken(
+                            f"{root} already serves {name} from {held}, not {directory}: a "
+                            f"server keeps the weights it loaded first under a name. Unload it "
+                            f"there (POST {root}/v1/unload_lora_adapter) or publish with "
+                            f"another registry or run")
+                    # this directory's earlier weights (written again since): replace them
+                    _post(f"{root}/v1/unload_lora_adapter", {"lora_name": name}, timeout_s)
+                    status, text = _post(f"{root}/v1/load_lora_adapter",
+                                         {"lora_name": name, "lora_path": str(path)},
+                                         timeout_s)
+                    if status != 200:
+                        raise PublishError(f"{root} refused adapter {name} from {directory}: "
+                                           f"HTTP {status}: {text.strip()[:500]}")
             status, text = _post(f"{root}/v1/chat/completions", {
                 "model": name, "max_tokens": 1,
                 "messages": [{"role": "user", "content": "ping"}]}, timeout_s)

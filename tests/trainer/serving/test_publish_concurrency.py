@@ -129,7 +129,8 @@ def test_the_same_name_from_another_directory_is_refused(tmp_path):
         publisher.publish(write_adapter(tmp_path / "x" / "team" / "v0001"), alias="team")
         with pytest.raises(PublishError, match=r"team@v1 was published from .*x/team/v0001"):
             publisher.publish(write_adapter(tmp_path / "y" / "team" / "v0001"), alias="team")
-        assert server.adapters == {"team@v1": str(tmp_path / "x" / "team" / "v0001")}
+        assert {k: str(Path(v).resolve()) for k, v in server.adapters.items()} == {
+            "team@v1": str(tmp_path / "x" / "team" / "v0001")}
 
 
 def test_a_server_down_during_publish_is_a_publish_error_and_changes_no_alias(tmp_path):
@@ -254,12 +255,42 @@ def test_another_registry_publishing_the_same_name_to_the_server_is_refused(tmp_
         first = write_adapter(tmp_path / "x" / "team" / "v0001")
         Publisher([server.base_url], tmp_path / "reg-a").publish(first, alias="team")
         other = Publisher([server.base_url], tmp_path / "reg-b")
-        with pytest.raises(PublishError, match=r"already serves team@v1 from .*x/team/v0001, "
-                                               r"not .*y/team/v0001.*Unload it there"):
-            other.publish(write_adapter(tmp_path / "y" / "team" / "v0001"), alias="team")
+        with pytest.raises(PublishError, match=r"already serves team@v1 from .*x/team/.loaded/"
+                                               r"v0001-[0-9a-f]{16}, not .*y/team/v0001.*Unload "
+                                               r"it there"):
+            other.publish(write_adapter(tmp_path / "y" / "team" / "v0001",
+                                        config_overrides={"lora_alpha": 7}), alias="team")
         assert AliasTable(tmp_path / "reg-b" / "aliases.json").read()["aliases"] == {}
-        # the same directory from another registry is the same adapter: taken
+        # the same directory from another registry is the same adapter: taken; so is a copy of
+        # it elsewhere (the same content digest)
         assert other.publish(first, alias="team") == "team@v1"
+        copy = write_adapter(tmp_path / "z" / "team" / "v0001")
+        assert Publisher([server.base_url], tmp_path / "reg-c").publish(copy, alias="team") == \
+            "team@v1"
+        assert server.loads == 1
+
+
+def test_a_directory_written_again_in_place_replaces_its_old_weights_on_the_server(tmp_path):
+    """Issue 30.3: `loop --fresh` against a running server trains ``v0001`` again at the same
+    path; the server answered "already loaded" and kept the first run's weights. The server
+    loads from a link named for the content, so the old copy is known for what it is, unloaded
+    and replaced."""
+    import shutil
+
+    directory = tmp_path / "work" / "adapters" / "team" / "v0001"
+    with ScriptedServer(lora=True) as server:
+        Publisher([server.base_url], tmp_path / "work" / "registry").publish(
+            write_adapter(directory), alias="team")
+        first = server.adapters["team@v1"]
+        shutil.rmtree(tmp_path / "work")  # --fresh
+        write_adapter(directory, config_overrides={"lora_alpha": 7})  # the new run's v0001
+        assert Publisher([server.base_url], tmp_path / "work" / "registry").publish(
+            directory, alias="team") == "team@v1"
+        now = server.adapters["team@v1"]
+        assert now != first and Path(now).resolve() == directory and server.loads == 2
+        unloads = [b["lora_name"] for b in server.requests
+                   if "lora_name" in b and "lora_path" not in b]
+        assert unloads == ["team@v1"]
 
 
 def test_a_restarted_server_gets_the_live_versions_again(tmp_path):
