@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(--train.learning-rate).")
     settings.add_file_flags(lp, "loop settings")
     lp.add_argument("--fresh", action="store_true", help="discard an earlier run in workdir")
+    lp.add_argument("--metrics-port", type=_port, default=0,
+                    help="serve Prometheus metrics (rounds, gate decisions, live versions, "
+                         "rollbacks) at http://HOST:PORT/metrics; 0 (default) off")
+    lp.add_argument("--metrics-host", default="127.0.0.1",
+                    help="address the metrics bind (default 127.0.0.1)")
     settings.add_flags(lp, LoopConfig)
     lp.set_defaults(func=commands.loop)
 
@@ -184,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "AGL_BRIDGE_COLLECT_TOKEN variable: arguments show in ps)")
     r.add_argument("--max-request-bytes", type=_positive_int, default=16 * 2**20,
                    help="larger requests are refused (HTTP 413, RESOURCE_EXHAUSTED); 16 MiB")
+    r.add_argument("--metrics-port", type=_port, default=0,
+                   help="serve Prometheus metrics (spans and records received, written, "
+                        "quarantined, dropped) at http://HOST:PORT/metrics; 0 (default) off")
     r.set_defaults(func=commands.collect)
 
     i = sub.add_parser("import", help="OTLP/JSON files (Collector file exporter) -> span Parquet",

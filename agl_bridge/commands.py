@@ -51,13 +51,26 @@ def loop(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.loop.tracking import TrackingCallback
 
     tracking = TrackingCallback(cfg)  # [train] report_to: MLflow, TensorBoard
+    callbacks: list[Any] = [tracking]
+    metrics_server = None
+    if args.metrics_port:  # Prometheus: docs/metrics.md
+        from agl_bridge.otel.metrics import serve
+        from agl_bridge.trainer.loop.metrics import MetricsCallback
+
+        callbacks.append(MetricsCallback())
+        metrics_server = serve(callbacks[-1].registry, args.metrics_host, args.metrics_port)
+        print(f"agl-bridge loop: metrics at http://{args.metrics_host}:{args.metrics_port}"
+              f"/metrics", flush=True)
     try:
-        data = Loop(cfg, fresh=args.fresh, callbacks=[tracking]).run()
+        data = Loop(cfg, fresh=args.fresh, callbacks=callbacks).run()
         print(write_summary(cfg.work, data))
     except BaseException as exc:
         tracking.finish(status="KILLED" if isinstance(exc, (KeyboardInterrupt, SystemExit))
                         else "FAILED")
         raise
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
     tracking.finish(cfg.work / "summary.txt", cfg.work / STATE_FILE)
     return 0
 
@@ -338,6 +351,17 @@ def collect(args: argparse.Namespace) -> int:
             print(f"  OTLP/HTTP  {receiver.logs_endpoint}  (evaluation events)")
         if receiver.grpc_endpoint:
             print(f"  OTLP/gRPC  {receiver.grpc_endpoint}")
+        metrics_server = None
+        if args.metrics_port:  # Prometheus: docs/metrics.md
+            from agl_bridge.otel.metrics import collect_registry, serve
+
+            try:
+                metrics_server = serve(collect_registry(receiver, writer), args.host,
+                                       args.metrics_port)
+            except BaseException:
+                receiver.stop()
+                raise
+            print(f"  metrics    http://{args.host}:{args.metrics_port}/metrics")
         if token:
             print("  requests need 'Authorization: Bearer <token>'")
         elif args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -347,6 +371,8 @@ def collect(args: argparse.Namespace) -> int:
         while not stop.wait(1.0):
             pass
         receiver.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

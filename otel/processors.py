@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -182,10 +183,19 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
     queue full, refused by the exporter, still queued at the bound) is counted and said in one
     line at shutdown: ``lost``."""
 
+    _instances: ClassVar[weakref.WeakSet[BoundedBatchSpanProcessor]] = weakref.WeakSet()
+
     def __init__(self, exporter: SpanExporter, **kwargs: Any) -> None:
         self.lost: Counter[str] = Counter()
         self.exporter_name = type(exporter).__name__
         super().__init__(_CountedExporter(exporter, self.lost), **kwargs)
+        self._instances.add(self)
+
+    @classmethod
+    def live(cls) -> list[BoundedBatchSpanProcessor]:
+        """This process's processors not yet collected: their ``lost`` counts are what a
+        long-running command's metrics report (``otel/metrics.py``)."""
+        return list(cls._instances)
 
     def on_end(self, span: ReadableSpan) -> None:
         queue = getattr(self._batch_processor, "_queue", None)
