@@ -162,6 +162,20 @@ WORKFLOW_TASK_ID: Final = "agl_bridge.workflow.task.id"
 WORKFLOW_TASK_DEPENDS_ON: Final = "agl_bridge.workflow.task.depends_on"  # string[]
 WORKFLOW_TASK_ATTEMPT: Final = "agl_bridge.workflow.task.attempt"  # 0-based
 WORKFLOW_VALIDATION_PASSED: Final = "agl_bridge.workflow.validation.passed"  # bool
+# who decided what (on schedule spans): the agent whose plan assigned the task, what it assigned
+# it to (an executor or a tool), and what the task needs as the orchestrator judges it (a tool
+# or capability name); an executor's capabilities, JSON {assignee: [capability]}, if it has any
+WORKFLOW_PLANNER: Final = "agl_bridge.workflow.planner"
+WORKFLOW_TASK_ASSIGNEE: Final = "agl_bridge.workflow.task.assignee"
+WORKFLOW_TASK_REQUIRES: Final = "agl_bridge.workflow.task.requires"
+WORKFLOW_CAPABILITIES: Final = "agl_bridge.workflow.capabilities"
+# the plan a planner wrote for a workflow (on its agl_bridge.workflow.plan span): whether it
+# passed the orchestrator's checks before running, why not, and its shape
+WORKFLOW_PLAN_VALID: Final = "agl_bridge.workflow.plan.valid"  # bool
+WORKFLOW_PLAN_PROBLEM: Final = "agl_bridge.workflow.plan.problem"
+WORKFLOW_PLAN_NODES: Final = "agl_bridge.workflow.plan.nodes"  # int
+WORKFLOW_PLAN_EDGES: Final = "agl_bridge.workflow.plan.edges"  # int
+WORKFLOW_PLAN_DEPTH: Final = "agl_bridge.workflow.plan.depth"  # int: longest chain, nodes
 
 # Span names of our own (low cardinality on purpose; ids go in attributes)
 SPAN_EPISODE: Final = "agl_bridge.episode"
@@ -176,6 +190,7 @@ SPAN_HANDOFF: Final = "agl_bridge.coordination.handoff"
 SPAN_SELECT_SPEAKER: Final = "agl_bridge.coordination.select_speaker"
 SPAN_TERMINATION: Final = "agl_bridge.coordination.termination"
 SPAN_WORKFLOW: Final = "agl_bridge.workflow"
+SPAN_WORKFLOW_PLAN: Final = "agl_bridge.workflow.plan"  # an instant: a planner's plan, checked
 # workflow task steps: the span is named after the step
 WORKFLOW_STEPS: Final = ("schedule", "execute", "validate", "retry")
 

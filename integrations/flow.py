@@ -4,7 +4,8 @@ agent, executed, validated and retried, with rewards per task and per workflow.
 The Flow framework of the design documents is not published, so this is an integration API its
 orchestrator (or any like it) calls at the points it already has: ``Workflow`` around one run,
 ``Workflow.task`` around one task, and on the task ``schedule`` / ``execute`` / ``validate`` /
-``retry``. It records the spans (``agl_bridge.workflow.task.*``, through the emit API) and, when
+``retry``; ``Workflow.plan`` when a planner agent wrote the workflow. It records the spans
+(``agl_bridge.workflow.task.*``, ``agl_bridge.workflow.plan``, through the emit API) and, when
 the task ends, the task reward the design asks for::
 
     task reward     = success - retry_penalty * retries          (scope agent, to the executor)
@@ -17,12 +18,14 @@ converter needs nothing Flow-specific. ``examples/flow_dag.py`` is a small orche
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from agl_bridge import semconv as sc
 from agl_bridge.coordination import task_step, workflow
-from agl_bridge.scope import emit_reward, episode, scoped
+from agl_bridge.scope import emit_reward, episode, scope_attributes, scoped, tracer
 
 
 @dataclass
@@ -37,10 +40,24 @@ class TaskRun:
     passed: bool | None = None
     steps: list[str] = field(default_factory=list)
 
-    def schedule(self, agent: str) -> None:
-        """The scheduler (a meta-agent, or a rule) assigned the task to ``agent``."""
+    def schedule(self, agent: str, *, planner: str | None = None, assignee: str | None = None,
+                 requires: str | None = None,
+                 capabilities: Mapping[str, Sequence[str]] | None = None) -> None:
+        """The scheduler (a meta-agent, or a rule) assigned the task to ``agent``. When a
+        planner's plan decided it: ``planner`` (its agent), ``assignee`` (the executor or tool
+        the plan named), ``requires`` (what the task needs, as the orchestrator judges it) and
+        the executors' ``capabilities``: what the delegation and tool-choice terms read."""
         self.agent = agent
-        with task_step(self.task_id, "schedule", depends_on=self.depends_on, agent=agent):
+        with task_step(self.task_id, "schedule", depends_on=self.depends_on,
+                       agent=agent) as step:
+            for key, value in ((sc.WORKFLOW_PLANNER, planner),
+                               (sc.WORKFLOW_TASK_ASSIGNEE, assignee),
+                               (sc.WORKFLOW_TASK_REQUIRES, requires)):
+                if value is not None:
+                    step.span.set_attribute(key, value)
+            if capabilities is not None:
+                step.span.set_attribute(sc.WORKFLOW_CAPABILITIES, json.dumps(
+                    {k: list(v) for k, v in capabilities.items()}, sort_keys=True))
             self.steps.append("schedule")
 
     @contextlib.contextmanager
@@ -91,6 +108,22 @@ class Workflow:
                             kind=sc.RewardKind.TASK, name="workflow_completion")
         finally:
             self._stack.__exit__(*exc)
+
+    def plan(self, planner: str, *, valid: bool, problem: str | None = None,
+             nodes: int | None = None, edges: int | None = None,
+             depth: int | None = None) -> None:
+        """``planner`` wrote the plan this workflow runs (or would have run): whether it passed
+        the orchestrator's checks, the first ``problem`` if not, and its shape. One instant
+        span in the planner's scope."""
+        attrs: dict[str, Any] = {sc.WORKFLOW_PLANNER: planner, sc.WORKFLOW_PLAN_VALID: bool(valid)}
+        for key, value in ((sc.WORKFLOW_PLAN_PROBLEM, problem), (sc.WORKFLOW_PLAN_NODES, nodes),
+                           (sc.WORKFLOW_PLAN_EDGES, edges), (sc.WORKFLOW_PLAN_DEPTH, depth)):
+            if value is not None:
+                attrs[key] = value
+        with scoped(agent_name=planner):
+            span_attrs = scope_attributes()
+            span_attrs.update(attrs)
+            tracer().start_span(sc.SPAN_WORKFLOW_PLAN, attributes=span_attrs).end()
 
     @contextlib.contextmanager
     def task(self, task_id: str, *, depends_on: Sequence[str] = ()) -> Iterator[TaskRun]:

@@ -19,7 +19,8 @@ Every term takes ``weight`` (default 1) besides its own constants. A term is a p
 of one unit's span rows (an Arrow table with the columns it declares, plus ``episode_key``) to
 rewards with a scope; the converter adds them to the episode's other rewards (sum) and the
 convert summary reports what each term contributed, per agent. The terms (``terms/``):
-``tool_failure``, ``votes``, ``coordination``, ``dag``, ``cost``; docs/recipes.md describes
+``tool_failure``, ``votes``, ``coordination``, ``dag``, ``cost``, ``workflow``, ``global``,
+``delegation``, ``tool_choice``; docs/recipes.md describes
 each, with its constants and a worked example.
 """
 
@@ -33,7 +34,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from agl_bridge.trainer.rewards.terms import Coordination, Cost, Dag, ToolFailure, Votes
+from agl_bridge.trainer.rewards.terms import (
+    Coordination,
+    Cost,
+    Dag,
+    Delegation,
+    GlobalReward,
+    ToolChoice,
+    ToolFailure,
+    Votes,
+    WorkflowReward,
+)
 from agl_bridge.trainer.rewards.terms.base import (
     EPISODE_KEY,
     NO_EVALUATIONS,
@@ -52,6 +63,10 @@ TERMS: dict[str, Callable[[Mapping[str, Any], str], Term]] = {
     "coordination": Coordination.from_config,
     "dag": Dag.from_config,
     "cost": Cost.from_config,
+    "workflow": WorkflowReward.from_config,
+    "global": GlobalReward.from_config,
+    "delegation": Delegation.from_config,
+    "tool_choice": ToolChoice.from_config,
 }
 
 

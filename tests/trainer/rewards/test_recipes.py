@@ -60,7 +60,7 @@ def test_the_recipe_can_be_the_only_reward():
 
 @pytest.mark.parametrize("config, message", [
     ({"terms": {"nope": {}}}, r"\[terms.nope\]: unknown term; known: \['coordination', 'cost', "
-     r"'dag', 'tool_failure', 'votes'\]"),
+     r"'dag', 'delegation', 'global', 'tool_choice', 'tool_failure', 'votes', 'workflow'\]"),
     ({"terms": {"tool_failure": {"penalty": "high"}}}, r"tool_failure\]\.penalty: expected a"),
     ({"terms": {"tool_failure": {"typo": 1}}}, r"unknown key\(s\) \['typo'\]"),
     ({"terms": {"tool_failure": 3}}, r"must be a table"),

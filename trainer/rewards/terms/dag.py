@@ -74,6 +74,8 @@ class Task:
     depends_on: set[str] = field(default_factory=set)
     execution_ns: int = 0
     last_attempt: str | None = None  # span id of the last execute/retry span
+    first_ns: int | None = None  # the earliest start of its step spans
+    last_ns: int | None = None  # the latest end
 
     @property
     def agent(self) -> str | None:
@@ -149,58 +151,7 @@ class Dag:
         return local_reward(episode, self.weight * value, agent, turn, self.name)
 
     def _tasks(self, spans: pa.Table, out: Derived) -> dict[TaskKey, Task]:
-        rows = named(spans, list(STEPS), [EPISODE_KEY, "name", "attributes", "span_id",
-                                          "agent_name", "start_time_unix_nano",
-                                          "end_time_unix_nano"])
-        if rows.num_rows == 0:
-            return {}
-        rows = rows.take(pc.sort_indices(rows, sort_keys=[
-            (EPISODE_KEY, "ascending"), ("start_time_unix_nano", "ascending"),
-            ("span_id", "ascending")]))
-        keys = [sc.WORKFLOW_ID, sc.WORKFLOW_TASK_ID, sc.WORKFLOW_TASK_DEPENDS_ON,
-                sc.WORKFLOW_TASK_ATTEMPT, sc.WORKFLOW_VALIDATION_PASSED]
-        tasks: dict[TaskKey, Task] = {}
-        for row, attrs in zip(rows.select([EPISODE_KEY, "name", "span_id", "agent_name",
-                                           "start_time_unix_nano", "end_time_unix_nano"]
-                                          ).to_pylist(), attributes(rows, keys)):
-            task_id = attrs.get(sc.WORKFLOW_TASK_ID)
-            if not isinstance(task_id, str) or not task_id:
-                out.note(self.name, NO_TASK_ID)
-                continue
-            wf = attrs.get(sc.WORKFLOW_ID)
-            key = (row[EPISODE_KEY], wf if isinstance(wf, str) else None, task_id)
-            task = tasks.setdefault(key, Task())
-            self._step(task, STEPS[row["name"]], row, attrs, out)
-        return tasks
-
-    def _step(self, task: Task, step: str, row: dict[str, Any], attrs: dict[str, Any],
-              out: Derived) -> None:
-        agent = row["agent_name"]
-        attempt = attrs.get(sc.WORKFLOW_TASK_ATTEMPT)
-        if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0:
-            task.max_attempt = max(task.max_attempt, attempt)
-        deps = attrs.get(sc.WORKFLOW_TASK_DEPENDS_ON)
-        if deps is not None:
-            if isinstance(deps, list) and all(isinstance(d, str) for d in deps):
-                task.depends_on.update(deps)
-            else:
-                out.note(self.name, BAD_DEPENDS_ON)
-        if step in ("execute", "retry"):
-            task.retry_spans += step == "retry"
-            task.executor = agent or task.executor
-            task.last_attempt = row["span_id"]
-            start, end = row["start_time_unix_nano"], row["end_time_unix_nano"]
-            if start is not None and end is not None and end > start:
-                task.execution_ns += end - start
-        elif step == "validate":
-            passed = attrs.get(sc.WORKFLOW_VALIDATION_PASSED)
-            if isinstance(passed, bool):
-                task.passed = passed
-            else:
-                out.note(self.name, NO_VERDICT)
-            task.other_agent = agent or task.other_agent
-        elif agent is not None and task.other_agent is None:  # schedule
-            task.other_agent = agent
+        return read_tasks(spans, out, self.name)
 
     def _dependents(self, episode: str, wf: str | None, ids: list[str],
                     tasks: Mapping[TaskKey, Task], out: Derived) -> dict[str, list[str]]:
@@ -213,7 +164,7 @@ class Dag:
                     edges[d].append(t)
                 else:
                     out.note(self.name, UNKNOWN_DEPENDENCY)
-        component = _components(edges)
+        component = strong_components(edges)
         result: dict[str, list[str]] = {}
         for d, dependents in edges.items():
             keep = [t for t in dependents if component[t] != component[d]]
@@ -222,7 +173,69 @@ class Dag:
         return result
 
 
-def _components(edges: Mapping[str, list[str]]) -> dict[str, int]:
+def read_tasks(spans: pa.Table, out: Derived, term: str) -> dict[TaskKey, Task]:
+    """Every task of the unit's workflows, from its step spans (notes under ``term``): what
+    the ``dag``, ``workflow`` and ``global`` terms share."""
+    rows = named(spans, list(STEPS), [EPISODE_KEY, "name", "attributes", "span_id",
+                                      "agent_name", "start_time_unix_nano",
+                                      "end_time_unix_nano"])
+    if rows.num_rows == 0:
+        return {}
+    rows = rows.take(pc.sort_indices(rows, sort_keys=[
+        (EPISODE_KEY, "ascending"), ("start_time_unix_nano", "ascending"),
+        ("span_id", "ascending")]))
+    keys = [sc.WORKFLOW_ID, sc.WORKFLOW_TASK_ID, sc.WORKFLOW_TASK_DEPENDS_ON,
+            sc.WORKFLOW_TASK_ATTEMPT, sc.WORKFLOW_VALIDATION_PASSED]
+    tasks: dict[TaskKey, Task] = {}
+    for row, attrs in zip(rows.select([EPISODE_KEY, "name", "span_id", "agent_name",
+                                       "start_time_unix_nano", "end_time_unix_nano"]
+                                      ).to_pylist(), attributes(rows, keys)):
+        task_id = attrs.get(sc.WORKFLOW_TASK_ID)
+        if not isinstance(task_id, str) or not task_id:
+            out.note(term, NO_TASK_ID)
+            continue
+        wf = attrs.get(sc.WORKFLOW_ID)
+        key = (row[EPISODE_KEY], wf if isinstance(wf, str) else None, task_id)
+        task = tasks.setdefault(key, Task())
+        _step(task, STEPS[row["name"]], row, attrs, out, term)
+    return tasks
+
+
+def _step(task: Task, step: str, row: dict[str, Any], attrs: dict[str, Any], out: Derived,
+          term: str) -> None:
+    agent = row["agent_name"]
+    attempt = attrs.get(sc.WORKFLOW_TASK_ATTEMPT)
+    if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0:
+        task.max_attempt = max(task.max_attempt, attempt)
+    deps = attrs.get(sc.WORKFLOW_TASK_DEPENDS_ON)
+    if deps is not None:
+        if isinstance(deps, list) and all(isinstance(d, str) for d in deps):
+            task.depends_on.update(deps)
+        else:
+            out.note(term, BAD_DEPENDS_ON)
+    start, end = row["start_time_unix_nano"], row["end_time_unix_nano"]
+    if start is not None:
+        task.first_ns = start if task.first_ns is None else min(task.first_ns, start)
+    if end is not None:
+        task.last_ns = end if task.last_ns is None else max(task.last_ns, end)
+    if step in ("execute", "retry"):
+        task.retry_spans += step == "retry"
+        task.executor = agent or task.executor
+        task.last_attempt = row["span_id"]
+        if start is not None and end is not None and end > start:
+            task.execution_ns += end - start
+    elif step == "validate":
+        passed = attrs.get(sc.WORKFLOW_VALIDATION_PASSED)
+        if isinstance(passed, bool):
+            task.passed = passed
+        else:
+            out.note(term, NO_VERDICT)
+        task.other_agent = agent or task.other_agent
+    elif agent is not None and task.other_agent is None:  # schedule
+        task.other_agent = agent
+
+
+def strong_components(edges: Mapping[str, list[str]]) -> dict[str, int]:
     """Strongly connected component of each node (Tarjan's algorithm, iterative: a long chain
     of tasks must not hit the recursion limit). Two tasks share one iff a cycle joins them."""
     index: dict[str, int] = {}
