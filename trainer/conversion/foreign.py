@@ -160,7 +160,7 @@ def _openllmetry(attrs: dict[str, Any]) -> tuple[Messages, Messages] | None:
             key = f"{prefix}{i}"
             calls = _calls(fields, "tool_calls.", "id", "name", "arguments")
             message = _message(_role(fields, "role", f"{key}.role"),
-                               _text(fields.get("content"), f"{key}.content"), calls,
+                               _flat_content(fields.get("content"), f"{key}.content"), calls,
                                fields.get("tool_call_id"))
             if isinstance(fields.get("finish_reason"), str):
                 message["finish_reason"] = fields["finish_reason"]
@@ -170,6 +170,20 @@ def _openllmetry(attrs: dict[str, Any]) -> tuple[Messages, Messages] | None:
     inputs = read(sc.OPENLLMETRY_PROMPT_PREFIX)
     outputs = read(sc.OPENLLMETRY_COMPLETION_PREFIX)
     return (inputs, outputs) if inputs or outputs else None
+
+
+def _flat_content(value: Any, key: str) -> str:
+    """OpenLLMetry's content: text, or a message's list of content parts as JSON text (what
+    it writes for multimodal messages); the text parts are kept."""
+    text = _text(value, key)
+    if text.startswith("[{"):
+        try:
+            parts = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(parts, list) and all(isinstance(p, dict) and "type" in p for p in parts):
+            return "".join(p.get("text") or "" for p in parts if p["type"] == "text")
+    return text
 
 
 def _openai_messages(raw: Any, key: str) -> Messages:

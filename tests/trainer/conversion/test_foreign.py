@@ -18,6 +18,7 @@ from tests.factories import llm, reward, table
 from tests.feedback_runs import clean_env
 from tests.paths import AGENTS
 from tests.scripted_server import ScriptedServer
+from tests.trainer.conversion.openllmetry_venv import build_openllmetry_python
 
 TEAM = AGENTS / "foreign_team.py"
 
@@ -33,12 +34,25 @@ def template(tiny, messages, answer):
 
 
 # -- the real instrumentors ---------------------------------------------------------------------
-@pytest.mark.parametrize("which", ["openai-v2", "openinference", "openllmetry"])
+@pytest.fixture(scope="module")
+def old_openllmetry():
+    return build_openllmetry_python()
+
+
+@pytest.mark.parametrize("which", ["openai-v2", "openinference", "openllmetry",
+                                   "openllmetry-0.40"])
 def test_a_team_traced_by_another_instrumentor_trains_through_retokenization(tmp_path, start,
-                                                                             tiny, which):
+                                                                             tiny, which,
+                                                                             request):
+    python = sys.executable
+    if which == "openllmetry-0.40":  # the flat gen_ai.prompt.N.* keys, from a venv of its own
+        python, which = str(request.getfixturevalue("old_openllmetry")), "openllmetry"
+        flat = True
+    else:
+        flat = False
     receiver = start()
     with ScriptedServer(vllm=False, reply="4") as server:
-        run = subprocess.run([sys.executable, str(TEAM), which, server.base_url,
+        run = subprocess.run([python, str(TEAM), which, server.base_url,
                               receiver.http_endpoint, "2"], capture_output=True, text=True,
                              env=clean_env(), timeout=120)
     assert run.returncode == 0, run.stderr
@@ -62,9 +76,12 @@ def test_a_team_traced_by_another_instrumentor_trains_through_retokenization(tmp
     assert stats.notes[reasons.AGENT_FROM_ANCESTOR] == 4
     if which == "openinference":  # the others write gen_ai.input.messages, our own shape
         assert stats.notes[reasons.foreign_read(OPENINFERENCE)] == 4
+    if flat:
+        assert stats.notes[reasons.foreign_read(OPENLLMETRY)] == 4
 
     plain = convert(tmp_path / "out", tmp_path / "plain.parquet")  # no ids, no retokenization
-    assert plain.skipped.get(reasons.NO_TOKEN_IDS, 0) == (0 if which == "openinference" else 4)
+    llm_calls_without_ids = 0 if which == "openinference" or flat else 4  # not chat yet
+    assert plain.skipped.get(reasons.NO_TOKEN_IDS, 0) == llm_calls_without_ids
     assert pq.read_table(tmp_path / "plain.parquet").num_rows == 0
 
 
@@ -109,6 +126,19 @@ def test_openllmetry_flat_messages_under_an_agent_span_convert(tiny, tmp_path, r
     assert (got["prompt_ids"], got["completion_ids"]) == template(
         tiny, [{"role": "user", "content": "2+3?"}], "5")
     assert stats.notes[reasons.foreign_read(OPENLLMETRY)] == 1
+
+
+def test_openllmetry_content_parts_as_json_keep_their_text(tiny):
+    """OpenLLMetry writes a message's list of content parts as JSON text."""
+    trace = "e" * 32
+    parts = json.dumps([{"type": "text", "text": "what is "}, {"type": "image_url"},
+                        {"type": "text", "text": "this?"}])
+    call = openllmetry_call(trace, None, parts, "a cat")
+    call["agent_name"] = "a"
+    out, _ = spans_to_transitions(table([call, reward(None, 3, 1.0, trace=trace)]),
+                                  ConvertConfig(retokenize=str(tiny)))
+    assert out["prompt_ids"].to_pylist() == [
+        template(tiny, [{"role": "user", "content": "what is this?"}], "a cat")[0]]
 
 
 def test_genai_span_events_and_tool_calls_convert(tiny):
