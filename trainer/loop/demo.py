@@ -62,6 +62,7 @@ TEAMS: dict[str, str] = {
     "add": "agl_bridge.trainer.loop.teams.arith",
     "lower": "agl_bridge.trainer.loop.teams.arith",
     "relay": "agl_bridge.trainer.loop.teams.relay",
+    "flow": "agl_bridge.trainer.loop.teams.flow",
 }
 
 
@@ -79,6 +80,10 @@ def task_space(kind: str) -> list[tuple[int, int]]:
 
 def held_out(kind: str, n: int, seed: int) -> list[dict]:
     """A fixed random sample of the task space, drawn before any training, never trained on."""
+    if kind == "flow":  # price questions, not additions: the team's world draws them
+        from agl_bridge.trainer.loop.teams.flow_world import split
+
+        return split(n, seed)[0]
     space = task_space(kind)
     if n >= len(space):
         raise ValueError(f"eval_size {n} leaves nothing to train on ({len(space)} tasks)")
@@ -88,6 +93,13 @@ def held_out(kind: str, n: int, seed: int) -> list[dict]:
 
 def training_tasks(kind: str, n: int, seed: int, round_index: int, exclude: list[dict]
                    ) -> list[dict]:
+    if kind == "flow":
+        from agl_bridge.trainer.loop.teams.flow_world import task_space as flow_space
+
+        banned_ids = {t["task_id"].removeprefix("eval-") for t in exclude}
+        rest = [t for t in flow_space() if t["task_id"] not in banned_ids]
+        picked = random.Random(f"train-{seed}-{round_index}").sample(rest, min(n, len(rest)))
+        return [{**t, "task_id": f"train-{t['task_id']}"} for t in picked]
     banned = {(t["a"], t["b"]) for t in exclude}
     pool = [p for p in task_space(kind) if p not in banned]
     pick = random.Random(f"train-{seed}-{round_index}").sample(pool, min(n, len(pool)))
@@ -111,6 +123,17 @@ def team_commands(task: str, branch: int = 0) -> tuple[str, str]:
         raise SystemExit("agl-bridge demo: --branch is for --task relay")
     plain = f"python -m {module} --reward {task}"
     return (f"{plain} --branch {branch}" if branch else plain), plain
+
+
+def team_recipe(task: str, cfg: LoopConfig, work: Path) -> LoopConfig:
+    """The reward recipe the task's team declares (its module's ``RECIPE``, TOML), written to
+    the workdir and used for conversion unless ``--convert.rewards`` names another."""
+    recipe = getattr(importlib.import_module(TEAMS[task]), "RECIPE", None)
+    if recipe is None or cfg.convert.rewards is not None:
+        return cfg
+    path = work / f"{task}-recipe.toml"
+    path.write_text(recipe)
+    return dataclasses.replace(cfg, convert=dataclasses.replace(cfg.convert, rewards=str(path)))
 
 
 def eval_mode(settings: dict) -> str:
@@ -215,9 +238,9 @@ def run(demo: DemoConfig, cfg: LoopConfig, *, fresh: bool = False) -> dict:
                               gate=dataclasses.replace(cfg.gate,
                                                        tasks=str(work / "gate-tasks.jsonl")))
     if demo.production:
-        if task == "relay":
+        if task in ("relay", "flow"):
             raise SystemExit("agl-bridge demo: --production serves the arithmetic team; "
-                             "--task relay runs without it")
+                             f"--task {task} runs without it")
         return run_production(demo, record, cfg, task)
     # training tasks for every round the budget allows, drawn per round (so a larger --rounds
     # on resume extends the same sequence)
@@ -227,6 +250,7 @@ def run(demo: DemoConfig, cfg: LoopConfig, *, fresh: bool = False) -> dict:
     team, eval_team = team_commands(task, demo.branch)
     cfg = dataclasses.replace(cfg, team=team, eval_team=eval_team,
                               tasks=str(work / "train-tasks.jsonl"))
+    cfg = team_recipe(task, cfg, work)
     tracking = TrackingCallback(cfg, {"demo": record})
     with finishing(tracking, work):
         loop = Loop(cfg, callbacks=[EpisodeStats(), tracking])

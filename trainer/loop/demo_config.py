@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from agl_bridge.settings import check_choices, setting
 
-DemoTask = Literal["add", "lower", "relay"]
+DemoTask = Literal["add", "lower", "relay", "flow"]
 RewardsFrom = Literal["feedback", "judge", "both"]
 
 
@@ -24,8 +24,9 @@ class DemoConfig:
     task: DemoTask | None = setting(
         None, help="add: arithmetic, solver and checker (default for smollm2); relay: a "
                    "reader passes the numbers of a word problem to a solver that never sees it "
-                   "(both roles needed); lower: a toy reward a random model can learn (default "
-                   "for tiny)")
+                   "(both roles needed); flow: a planner writes a workflow (a DAG) for a price "
+                   "question, an executor carries out each step with a calculator or a price "
+                   "list; lower: a toy reward a random model can learn (default for tiny)")
     branch: int = setting(0, help="--task relay: tree sampling, the reader's turn sampled K "
                                    "ways per episode and the best continued (0: off)")
     seed: int = setting(0, help="draws the held-out and training tasks (and the tiny model); "
