@@ -4,6 +4,7 @@
     agl-bridge loop --config loop.toml              train, gate, publish, watch: any team
     agl-bridge convert SPANS OUT.parquet            spans -> transitions, with a summary
     agl-bridge train TRACES --base-model DIR        convert and train -> new adapter versions
+    agl-bridge export TRANSITIONS --format sft --out DIR   Hugging Face datasets for TRL
     agl-bridge report RUN_DIR                       a run's metrics as plots and one HTML page
     agl-bridge serve --model DIR                    vLLM with runtime LoRA (one or more replicas)
     agl-bridge publish ADAPTER_DIR --alias NAME     validate, load, probe, switch the alias
@@ -16,8 +17,9 @@
     agl-bridge replay SPANS --team CMD --out DIR    stored episodes' inputs played K times again
     agl-bridge aliases-serve --registry DIR         the alias table over HTTP, for other hosts
 
-Commands with settings (demo, loop, convert, train, judge, serve) take them as flags and as a file
-(``--config``) with the same names, and show the values a run would use (``--print-config``).
+Commands with settings (demo, loop, convert, train, export, judge, serve) take them as flags
+and as a file (``--config``) with the same names, and show the values a run would use
+(``--print-config``).
 Those that start vLLM (serve, loop, demo) pass what follows ``--`` to it as its own flags.
 
 Training imports torch only when ``train`` runs, so the capture install can use ``convert``.
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser; its flags are made from the settings' declarations (``agl_bridge.settings``)
     and nothing heavy is imported: no torch, no pyarrow, not the demo."""
     from agl_bridge.trainer.conversion.config import ConvertConfig
+    from agl_bridge.trainer.conversion.export_config import ExportConfig
     from agl_bridge.trainer.judging.config import JudgeConfig
     from agl_bridge.trainer.loop.config import LoopConfig
     from agl_bridge.trainer.loop.demo_config import add_demo_flags
@@ -137,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_flags(t, ConvertConfig)
     settings.add_flags(t, GRPOConfig)
     t.set_defaults(func=commands.train)
+
+    x = sub.add_parser("export", help="transitions -> a Hugging Face dataset in the shape TRL's "
+                                      "trainers take (sft, dpo, prompt-completion)",
+                       description="Write transitions as a Hugging Face dataset: conversational "
+                                   "SFT examples (messages, and the ids as input_ids with "
+                                   "completion_mask), DPO preference pairs from one group "
+                                   "(higher vs lower reward), or prompt-completion rows with "
+                                   "rewards. Needs the export extra (datasets). See "
+                                   "docs/export.md.")
+    x.add_argument("transitions", help="a transitions Parquet file or directory (convert's)")
+    x.add_argument("--out", required=True, help="the dataset's directory")
+    settings.add_file_flags(x, "export settings")
+    settings.add_flags(x, ExportConfig)
+    x.set_defaults(func=commands.export)
 
     def registry_args(parser):
         settings.add_flags(parser, ServeConfig, only=("registry", "max_lora_rank"))

@@ -200,6 +200,23 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.conversion.export_config import ExportConfig
+
+    label, values = file_layer(args)
+    config, origin = resolved(ExportConfig, args, file_values=values, file_label=label)
+    if args.print_config:
+        return show((config, origin))
+    from agl_bridge.settings import record
+    from agl_bridge.trainer.conversion.export import export as write
+
+    summary = write(args.transitions, args.out, config)
+    print(summary.summary())
+    used = record(Path(args.out) / "export.settings.json", export=config)
+    print(f"wrote {', '.join(summary.files)} ({config.format}); its settings: {used}")
+    return 0
+
+
 def registry_settings(args: argparse.Namespace) -> dict:
     """Registry, servers, base model and rank limit: flags, else what ``agl-bridge serve``
     recorded in the registry."""

@@ -168,6 +168,7 @@ def test_the_library_imports_and_runs_without_the_tools():
 import importlib.util
 importlib.util.find_spec = lambda name, *a: None if name in ("mlflow", "tensorboard") else 1
 import agl_bridge.cli, agl_bridge.trainer.training.config, agl_bridge.trainer.tracking as t
+import agl_bridge.trainer.conversion.export
 assert t.open_tracker(["none"], run_name="x", logging_dir="x") is None
 assert t.tools_for(["all"]) == []
 try:

@@ -8,13 +8,13 @@ from typing import Any, Literal
 
 from agl_bridge.settings import check_choices, setting
 from agl_bridge.trainer.adapters import version_of
+from agl_bridge.trainer.rewards.selection import SftSelect
 from agl_bridge.trainer.tracking import ReportTo
 
 Policy = Literal["shared", "per_agent_lora", "per_agent_model"]
 Objective = Literal["grpo", "sft"]
 Parallelism = Literal["data", "fsdp"]
 LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
-SftSelect = Literal["best", "threshold"]
 
 
 class NothingToTrain(ValueError):
