@@ -73,7 +73,7 @@ def _indexed(attrs: dict[str, Any], prefix: str) -> dict[int, dict[str, Any]]:
         if key.startswith(prefix):
             m = _INDEXED.fullmatch(key[len(prefix):])
             if m is None:
-                raise Unreadable(key, "no message index after the prefix")
+                raise Unreadable(key, f"not {prefix}<index>.<field>")
             out.setdefault(int(m.group(1)), {})[m.group(2)] = value
     return dict(sorted(out.items()))
 

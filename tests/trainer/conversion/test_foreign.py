@@ -219,7 +219,8 @@ def test_unreadable_foreign_messages_are_named_and_skipped_the_rest_converts(tin
     assert stats.notes[reasons.foreign_unreadable(
         OPENLLMETRY, "gen_ai.prompt.0.role", "no role")] == 1
     assert stats.notes[reasons.foreign_unreadable(
-        OPENINFERENCE, "llm.input_messages.x.message.role", "no message index after the prefix")
+        OPENINFERENCE, "llm.input_messages.x.message.role",
+        "not llm.input_messages.<index>.<field>")
     ] == 1
     assert stats.notes[reasons.foreign_unreadable(
         OPENINFERENCE, "llm.input_messages.0.message.content", "content is int, not text")] == 1
