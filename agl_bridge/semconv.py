@@ -255,6 +255,8 @@ SCOPE_ATTRIBUTES: Final = {
 # the GenAI events that carry a call's messages: the newest one event per call (as a span event
 # or a log record), and the older ``gen_ai.content.*`` pair holding the messages as JSON
 GEN_AI_OPERATION_DETAILS: Final = "gen_ai.client.inference.operation.details"
+# the system prompt, as parts, when an API takes it apart from the chat history
+GEN_AI_SYSTEM_INSTRUCTIONS: Final = "gen_ai.system_instructions"
 GEN_AI_CONTENT_PROMPT: Final = "gen_ai.content.prompt"
 GEN_AI_CONTENT_COMPLETION: Final = "gen_ai.content.completion"
 GEN_AI_PROMPT: Final = "gen_ai.prompt"  # on gen_ai.content.prompt; OpenLLMetry's prefix below

@@ -14,6 +14,8 @@ ids, no episodes and often no agent on the call itself. ``normalize`` runs befor
     pair (OpenAI-format JSON);
   spans that already carry ``gen_ai.input.messages`` (openai-v2 with span content capture,
   OpenLLMetry since it adopted the attribute) are left as they are;
+* the system prompt from ``gen_ai.system_instructions`` (an API that takes it apart from the
+  history) as the first message, which the chat template renders as the server did;
 * ``gen_ai.operation.name = chat`` where the convention says LLM call another way
   (``openinference.span.kind = LLM``, ``llm.request.type = chat``), and the model from
   ``llm.model_name``;
@@ -52,6 +54,7 @@ Messages = list[dict[str, Any]]
 
 # substrings that mark a row worth parsing (cheap, in Arrow, before any JSON is read)
 _ATTRIBUTE_MARKS = (sc.OPENINFERENCE_INPUT_PREFIX, sc.OPENLLMETRY_PROMPT_PREFIX,
+                    sc.GEN_AI_SYSTEM_INSTRUCTIONS,
                     sc.OPENINFERENCE_SPAN_KIND, sc.OPENLLMETRY_SPAN_KIND,
                     json.dumps(sc.OPENINFERENCE_AGENT_NAME), sc.OPENLLMETRY_REQUEST_TYPE)
 _EVENT_MARKS = (sc.GEN_AI_OPERATION_DETAILS, sc.GEN_AI_CONTENT_PROMPT)
@@ -311,6 +314,8 @@ def normalize(spans: pa.Table, stats: ConversionStats) -> pa.Table:
         if agents[i] is None and (own := _own_agent(attrs)) is not None:
             agents[i], changed = own, True
         read = _read_messages(attrs, events[i], stats)
+        if sc.GEN_AI_SYSTEM_INSTRUCTIONS in attrs:
+            read = _with_system(attrs, read, stats)
         if read is not None:
             attrs[sc.GEN_AI_INPUT_MESSAGES] = json.dumps(read[0])
             attrs[sc.GEN_AI_OUTPUT_MESSAGES] = json.dumps(read[1])
@@ -354,6 +359,28 @@ def _read_messages(attrs: dict[str, Any], events: str | None,
             stats.notes[reasons.foreign_read(convention)] += 1
             return found
     return None
+
+
+def _with_system(attrs: dict[str, Any], read: tuple[Messages, Messages] | None,
+                 stats: ConversionStats) -> tuple[Messages, Messages] | None:
+    """The messages with ``gen_ai.system_instructions`` (the system prompt an API took apart
+    from the chat history) put first as the system message the chat template renders, unless
+    the history already starts with one; None when there is nothing to change."""
+    key = sc.GEN_AI_SYSTEM_INSTRUCTIONS
+    try:
+        if read is None:
+            if sc.GEN_AI_INPUT_MESSAGES not in attrs or sc.GEN_AI_OUTPUT_MESSAGES not in attrs:
+                return None
+            read = (_genai_list(attrs[sc.GEN_AI_INPUT_MESSAGES], sc.GEN_AI_INPUT_MESSAGES),
+                    _genai_list(attrs[sc.GEN_AI_OUTPUT_MESSAGES], sc.GEN_AI_OUTPUT_MESSAGES))
+        parts = _genai_list(attrs[key], key)
+    except Unreadable as exc:
+        stats.notes[reasons.foreign_left_out(exc.key, exc.why)] += 1
+        return None
+    inputs, outputs = read
+    if inputs and inputs[0].get("role") in ("system", "developer"):
+        return read
+    return [{"role": "system", "parts": parts}, *inputs], outputs
 
 
 def _inherit_agents(spans: pa.Table, operations: list[Any], agents: list[Any],

@@ -62,3 +62,8 @@ def foreign_read(convention: str) -> str:
 def foreign_unreadable(convention: str, key: str, why: str) -> str:
     """Messages in another convention that could not be read: the call gets no ids."""
     return f"{convention} messages unreadable, call skipped ({key}: {why})"
+
+
+def foreign_left_out(key: str, why: str) -> str:
+    """A part of a call's messages that could not be read and was left out; the call converts."""
+    return f"{key} unreadable, left out of the call's messages ({why})"

@@ -141,6 +141,32 @@ def test_openllmetry_content_parts_as_json_keep_their_text(tiny):
         template(tiny, [{"role": "user", "content": "what is this?"}], "a cat")[0]]
 
 
+def test_system_instructions_kept_apart_from_the_history_come_first(tiny):
+    """gen_ai.system_instructions: the system prompt of an API that takes it apart."""
+    trace = "f" * 32
+    user = [{"role": "user", "parts": [{"type": "text", "content": "2+3?"}]}]
+    answer = [{"role": "assistant", "finish_reason": "stop",
+               "parts": [{"type": "text", "content": "5"}]}]
+    call = foreign(trace, 1, {sc.GEN_AI_INPUT_MESSAGES: json.dumps(user),
+                              sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(answer),
+                              sc.GEN_AI_SYSTEM_INSTRUCTIONS: json.dumps(
+                                  [{"type": "text", "content": "You add."}])},
+                   operation="chat")
+    call["agent_name"] = "a"
+    broken = dict(call, span_id="2" * 16, attributes=json.dumps({
+        sc.GEN_AI_INPUT_MESSAGES: json.dumps(user), sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(answer),
+        sc.GEN_AI_SYSTEM_INSTRUCTIONS: "{"}), agent_name="b")
+    out, stats = spans_to_transitions(table([call, broken, reward(None, 3, 1.0, trace=trace)]),
+                                      ConvertConfig(retokenize=str(tiny)))
+    got = {r["agent_name"]: r["prompt_ids"] for r in out.to_pylist()}
+    assert got["a"] == template(tiny, [{"role": "system", "content": "You add."},
+                                       {"role": "user", "content": "2+3?"}], "5")[0]
+    # unreadable instructions are named; the call keeps the history it has
+    assert got["b"] == template(tiny, [{"role": "user", "content": "2+3?"}], "5")[0]
+    assert any(k.startswith(reasons.foreign_left_out(sc.GEN_AI_SYSTEM_INSTRUCTIONS, "not JSON")
+                            [:-1]) for k in stats.notes)
+
+
 def test_genai_span_events_and_tool_calls_convert(tiny):
     """The operation-details event (GenAI messages) and the older gen_ai.content.* pair."""
     trace = "b" * 32
