@@ -12,7 +12,13 @@ So the integration wraps
   MassGen maps its anonymous labels back before recording), ``track_restart_signal`` and
   ``set_final_agent``: the coordination vocabulary of ``agl_bridge.coordination``, with the vote
   tallies (``Orchestrator._get_vote_results``) on the final selection, which is what vote and
-  coordination rewards are computed from.
+  coordination rewards are computed from;
+* the tracker's ``track_enforcement_event``, where MassGen refuses a reply that made no usable
+  workflow tool call (none, a tool not offered, an answer past the limit, a vote for an unknown
+  agent) and asks again: a failed ``execute_tool`` span (``error.type`` = MassGen's reason) on
+  the agent's turn that made the reply, so the ``tool_failure`` recipe term can charge that
+  turn and the share of valid calls can be counted. Its API and connection errors are not the
+  model's doing and are not recorded.
 
 One tracker is one MassGen run: one episode (the one in scope when MassGen starts, else new).
 """
@@ -29,9 +35,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Status, StatusCode
+
+from agl_bridge import semconv as sc
 from agl_bridge.coordination import final_selection, new_answer, restart, vote
 from agl_bridge.integrations.instrumentor import Instrumentor
-from agl_bridge.scope import current_scope, scoped
+from agl_bridge.scope import current_scope, scope_attributes, scoped, tracer
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +59,11 @@ _BACKENDS = (
     ("massgen.backend.base_with_custom_tool_and_mcp", "CustomToolAndMCPBackend"),
 )
 
+
+# enforcement reasons that are no mistake of the model's (MassGen retries them too)
+_NOT_THE_MODEL = frozenset({"api_error", "fatal_api_error", "connection_recovery",
+                            "mcp_disconnected"})
+REFUSED_TOOL = "workflow"  # the tool name of a refused reply that called no tool
 
 # set while a wrapped stream_with_tools runs: a subclass calling super().stream_with_tools must
 # not count a second activation
@@ -118,7 +132,8 @@ class MassGenInstrumentor(Instrumentor):
                                 ("add_agent_answer", self._answer),
                                 ("add_agent_vote", self._vote),
                                 ("track_restart_signal", self._restart),
-                                ("set_final_agent", self._final)):
+                                ("set_final_agent", self._final),
+                                ("track_enforcement_event", self._enforcement)):
             self.wrap(_TRACKER, f"CoordinationTracker.{method}", wrapper)
         self.wrap(_ORCHESTRATOR, "Orchestrator.__init__", self._orchestrator_init)
         for module, name in _BACKENDS:
@@ -218,4 +233,24 @@ class MassGenInstrumentor(Instrumentor):
             with scoped(**self._in_session(instance, agent)):
                 final_selection(agent, vote_counts={k: int(v) for k, v in counts.items()}
                                 if counts else None)
+        return result
+
+    def _enforcement(self, wrapped, instance, args, kwargs):
+        result = wrapped(*args, **kwargs)
+        agent = kwargs.get("agent_id", args[0] if args else None)
+        reason = kwargs.get("reason", args[1] if len(args) > 1 else None)
+        called = kwargs.get("tool_calls", args[4] if len(args) > 4 else None) or []
+        session = self._sessions.of_tracker(instance)
+        if session is None or not agent or reason in _NOT_THE_MODEL:
+            return result
+        # the refused reply is the agent's latest call: its activations so far, less one
+        turn = session.activations[agent] - 1 if session.activations[agent] else None
+        name = ",".join(str(c) for c in called) if called else REFUSED_TOOL
+        with scoped(**self._in_session(instance, agent), agent_name=agent, turn_index=turn):
+            attrs = scope_attributes()
+            attrs.update({sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: name,
+                          sc.ERROR_TYPE: str(reason or "refused")})
+            span = tracer().start_span(sc.execute_tool_span_name(name), attributes=attrs)
+            span.set_status(Status(StatusCode.ERROR, str(reason or "refused")))
+            span.end()
         return result
