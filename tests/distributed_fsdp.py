@@ -2,8 +2,11 @@
 ``parallelism="fsdp"``. Writes each rank's per-micro-batch losses and, from rank 0, the
 adapters; ``stop`` checkpoints every step and stops after 2, ``kill`` checkpoints every step
 and rank 1 kills itself (SIGKILL) in the save of step 3, once its shards are on disk and before
-rank 0 renames the checkpoint into place; ``resume`` continues the latest checkpoint.
-Usage: distributed_fsdp.py MODEL OUT {run,stop,kill,resume} ACCUMULATION [POLICY]"""
+rank 0 renames the checkpoint into place; ``resume`` continues the latest checkpoint. BF16
+(``auto``, ``true``, ``false``: the setting unset, on, off) lets the GPU suite compare in float32
+on CUDA. Each rank also writes the process group's backend (gloo, nccl; none in a world of one)
+and the device it trained on.
+Usage: distributed_fsdp.py MODEL OUT {run,stop,kill,resume} ACCUMULATION [POLICY [BF16]]"""
 
 import json
 import os
@@ -12,12 +15,15 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import torch
+import torch.distributed as dist
 
 from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.training import GRPOConfig, train_policy
 
 model_dir, out, mode, accumulation = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 policy = sys.argv[5] if len(sys.argv) > 5 else "per_agent_lora"
+bf16 = {"auto": None, "true": True, "false": False}[sys.argv[6] if len(sys.argv) > 6 else "auto"]
 rows = []
 for i in range(16):  # two agents, two groups each, completions of different lengths
     agent = "ab"[i % 2]
@@ -43,13 +49,15 @@ if mode == "kill":
 cfg = GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=2, num_train_epochs=2,
                  gradient_accumulation_steps=accumulation, parallelism="fsdp",
                  save_steps=1 if mode in ("stop", "kill") else None,
-                 max_steps=2 if mode == "stop" else None)
+                 max_steps=2 if mode == "stop" else None, bf16=bf16)
 result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
                       out / "adapters", policy=policy, progress=False, config=cfg,
                       checkpoint_dir=out / "checkpoints",
                       resume_from_checkpoint=True if mode == "resume" else None)
+backend = dist.get_backend() if dist.is_initialized() else None
 out.mkdir(parents=True, exist_ok=True)  # rank 1 may finish before rank 0 has saved into it
 (out / f"{mode}-rank{rank}.json").write_text(json.dumps({
     "steps": result.steps, "adapters": {k: str(v) for k, v in result.adapters.items()},
     "losses": [m["loss"] for m in result.metrics],
-    "adapter_per_micro": [m["adapter"] for m in result.metrics]}))
+    "adapter_per_micro": [m["adapter"] for m in result.metrics], "backend": backend,
+    "device": "cuda" if torch.cuda.is_available() else "cpu"}))

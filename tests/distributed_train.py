@@ -1,5 +1,6 @@
 """Run under torchrun: per-agent LoRA training over the ranks. Each rank writes its final LoRA
-weights, so the test can check every rank ends with the same ones (the all-reduce worked)."""
+weights, so the test can check every rank ends with the same ones (the all-reduce worked), and
+the process group's backend (gloo, nccl; none in a world of one, which starts no group)."""
 
 import json
 import sys
@@ -24,11 +25,14 @@ for i, (agent, reward) in enumerate([("a", 1.0), ("a", 0.0), ("a", 0.5), ("a", 0
 result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
                       out / "adapters", policy="per_agent_lora", progress=False, keep_model=True,
                       config=GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=1))
-rank = dist.get_rank()
+grouped = dist.is_initialized()
+rank = dist.get_rank() if grouped else 0
 lora = {k: v.detach().clone() for k, v in result.model.named_parameters() if "lora_" in k}
 save_file(lora, str(out / f"rank{rank}.safetensors"))  # tensors without pickle
 (out / f"rank{rank}.json").write_text(json.dumps({
     "steps": result.steps, "adapters": sorted(result.adapters),
-    "micro_batches": len(result.metrics)}))
-dist.barrier()
-dist.destroy_process_group()
+    "micro_batches": len(result.metrics), "backend": dist.get_backend() if grouped else None,
+    "device": next(result.model.parameters()).device.type}))
+if grouped:
+    dist.barrier()
+    dist.destroy_process_group()

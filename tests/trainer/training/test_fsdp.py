@@ -8,6 +8,7 @@ another order than local accumulation. Tolerance: 1e-5 absolute on losses (obser
 1e-5 on the final LoRA weights."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,16 +24,22 @@ SCRIPT = TESTS / "distributed_fsdp.py"
 
 
 def _launch(tiny, out: Path, mode: str, procs: int, accumulation: int,
-            policy: str = "per_agent_lora") -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(SCRIPT), str(tiny), str(out), mode, str(accumulation), policy]
-    if procs > 1:
+            policy: str = "per_agent_lora", backend: str = "gloo",
+            bf16: str = "auto") -> subprocess.CompletedProcess:
+    """``backend``: ``gloo`` hides any GPU (``CUDA_VISIBLE_DEVICES=""``: these tests stay CPU
+    tests on a GPU machine, where the trainer would pick nccl and one GPU per rank); ``nccl``
+    leaves the GPUs visible and runs under torchrun even as one process (tests/gpu)."""
+    cmd = [sys.executable, str(SCRIPT), str(tiny), str(out), mode, str(accumulation), policy,
+           bf16]
+    if procs > 1 or backend == "nccl":
         cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
 def _run(tiny, out: Path, mode: str, procs: int, accumulation: int,
-         policy: str = "per_agent_lora") -> list[dict]:
-    done = _launch(tiny, out, mode, procs, accumulation, policy)
+         policy: str = "per_agent_lora", backend: str = "gloo", bf16: str = "auto") -> list[dict]:
+    done = _launch(tiny, out, mode, procs, accumulation, policy, backend, bf16)
     # a rank's own error, before torchrun's summary; with what it printed before (a native
     # abort prints no traceback of its own)
     first = max(done.stderr.find("Traceback"), 0)
