@@ -82,18 +82,33 @@ def _kind(value: Any) -> str:
     return "null" if value is None else f"a {type(value).__name__}"
 
 
-class AliasTable:
-    """One alias file, re-read when it changes; ``resolve`` never raises."""
+class WatchedTable:
+    """A JSON table in a file, re-read when the file changes; ``lookup`` never raises.
+
+    What the alias table and the prompt table (``agl_bridge.prompts``) share: one ``stat`` per
+    call, parsed again only when the file changed, a file that cannot be used reported once per
+    version and the last good table kept. A subclass names its ``kind`` and ``env`` (for the
+    warning) and parses (``parse``, raising ``AliasFileError`` with what is wrong)."""
+
+    kind = "alias file"
+    env = ALIASES_ENV
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._stamp: tuple[Any, ...] | None = None  # the file version read last, good or bad
-        self._aliases: dict[str, str] | None = None  # the last good table; None: never one
+        self._aliases: dict[str, Any] | None = None  # the last good table; None: never one
         self._unusable = False  # the version read last was rejected
         self._lock = threading.Lock()
 
-    def resolve(self, name: str) -> str | None:
-        """The live version for alias ``name``, or None if it is not an alias."""
+    def parse(self, data: Any) -> dict[str, Any]:
+        return parse_aliases(data)
+
+    def kept(self) -> str:
+        """What an agent does while its table is unusable."""
+        return _kept(self._aliases)
+
+    def lookup(self, name: str) -> Any:
+        """The table's entry for ``name``, or None."""
         if not isinstance(name, str):
             return None
         stamp = self._stat()
@@ -118,7 +133,7 @@ class AliasTable:
                 st = os.fstat(f.fileno())
                 stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # the version actually read
                 raw = f.read()
-            aliases = parse_aliases(json.loads(raw))
+            aliases = self.parse(json.loads(raw))
         except FileNotFoundError:
             self._reject(stamp, "the file does not exist")
         except OSError as exc:
@@ -129,13 +144,22 @@ class AliasTable:
             self._reject(stamp, f"it is not valid JSON ({type(exc).__name__})")
         else:
             if self._unusable:
-                logger.info("agl_bridge: alias file %s is usable again", self.path)
+                logger.info("agl_bridge: %s %s is usable again", self.kind, self.path)
             self._aliases, self._stamp, self._unusable = aliases, stamp, False
 
     def _reject(self, stamp: tuple[Any, ...], what: str) -> None:
         self._stamp, self._unusable = stamp, True  # reported once per file version
-        logger.warning("agl_bridge: alias file %s (%s) is not usable: %s; %s",
-                       self.path, ALIASES_ENV, what, _kept(self._aliases))
+        logger.warning("agl_bridge: %s %s (%s) is not usable: %s; %s",
+                       self.kind, self.path, self.env, what, self.kept())
+
+
+class AliasTable(WatchedTable):
+    """One alias file, re-read when it changes; ``resolve`` never raises."""
+
+    def resolve(self, name: str) -> str | None:
+        """The live version for alias ``name``, or None if it is not an alias."""
+        live = self.lookup(name)
+        return live if isinstance(live, str) else None
 
     def read(self) -> dict[str, Any]:
         try:

@@ -105,6 +105,9 @@ COMPLETION_TOKEN_IDS: Final = "agl_bridge.llm.completion_token_ids"
 COMPLETION_LOGPROBS: Final = "agl_bridge.llm.completion_logprobs"
 POLICY_VERSION: Final = "agl_bridge.policy.version"  # adapter/policy that produced the sample
 POLICY_ALIAS: Final = "agl_bridge.policy.alias"  # what the agent asked for, resolved to a version
+# the version of the calling agent's prompt the request carries ("writer@p3"; "writer@p0": the
+# agent's own), when a prompt table is set (AGL_BRIDGE_PROMPTS; agl_bridge/prompts.py)
+PROMPT_VERSION: Final = "agl_bridge.prompt.version"
 SERVER_KIND: Final = "agl_bridge.llm.server"  # "vllm" when the server answered GET /version
 TOKEN_IDS_STATUS: Final = "agl_bridge.llm.token_ids"  # recorded | not_requested | missing
 LLM_STREAM: Final = "agl_bridge.llm.stream"  # bool: the call was streamed

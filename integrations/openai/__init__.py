@@ -29,7 +29,9 @@ models of it), ``response`` (what the answer puts on the span), ``streams`` (str
 ``instrument()`` also turns alias routing on (``routing.py``; ``instrument(routing=False)`` does
 not). ``uninstrument()`` stops tracing only: routing decides which adapter answers and is not
 tracing, so it stays on until ``disable_routing()``. ``enable_routing``, ``disable_routing`` and
-``routing_enabled`` (``routing.py``) are public here.
+``routing_enabled`` (``routing.py``) are public here. The live prompt swap (``prompt_swap.py``:
+an agent's system message replaced by the live version of its prompt, with
+``AGL_BRIDGE_PROMPTS`` set) is turned on and off with routing, and is public here too.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ from agl_bridge.integrations.instrumentor import Instrumentor
 
 from . import patch, raw
 from .probe import ServerProbe
+from .prompt_swap import disable_prompt_swap, enable_prompt_swap, prompt_swap_enabled
 from .routing import disable_routing, enable_routing, routing_enabled
 from .wrappers import MODES, TOKEN_IDS_ENV, ChatTracing
 
 __all__ = ["MODES", "TOKEN_IDS_ENV", "OpenAIInstrumentor", "RoutingInstrumentor", "ServerProbe",
-           "disable_routing", "enable_routing", "routing_enabled"]
+           "disable_prompt_swap", "disable_routing", "enable_prompt_swap", "enable_routing",
+           "prompt_swap_enabled", "routing_enabled"]
 
 
 class OpenAIInstrumentor(Instrumentor):
@@ -69,6 +73,7 @@ class OpenAIInstrumentor(Instrumentor):
                                     (Stream, AsyncStream))
         if kwargs.get("routing", True):
             enable_routing()
+            enable_prompt_swap()
         raw.install()
         patch.set_tracing(self._tracing)
 
@@ -96,6 +101,8 @@ class RoutingInstrumentor(Instrumentor):
 
     def _instrument(self, **kwargs: Any) -> None:
         enable_routing()
+        enable_prompt_swap()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         disable_routing()
+        disable_prompt_swap()

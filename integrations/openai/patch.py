@@ -1,12 +1,13 @@
 """The one patch on the openai client's ``chat.completions.create`` (sync and async), shared by
-routing (``routing.py``) and tracing (``wrappers.py``).
+routing (``routing.py``), the live prompt swap (``prompt_swap.py``) and tracing
+(``wrappers.py``).
 
 Why one patch with two slots rather than a wrapt layer each: routing must rewrite the model
 before tracing starts its span (the span asks for the live version and records the alias),
 whichever of the two was turned on first; and each must be turned off without touching the
 other, while wrapt layers on one attribute can only be peeled from the outside. So the slots
-run in a fixed order, route then trace, and each is set or cleared on its own. The patch is
-installed while a slot is filled and removed when both are empty.
+run in a fixed order, route, swap the prompt, then trace, and each is set or cleared on its
+own. The patch is installed while a slot is filled and removed when all are empty.
 
 Routing runs whatever tracing does: inside ``suppress_instrumentation()``, with tracing
 uninstrumented or never instrumented. Tracing checks suppression itself.
@@ -31,10 +32,13 @@ _MODULE = "openai.resources.chat.completions"
 
 #: ``kwargs -> (kwargs to send, the alias asked for or None)``
 Router = Callable[[dict[str, Any]], "tuple[dict[str, Any], str | None]"]
+#: ``kwargs -> (kwargs to send, the prompt version or None)``
+PromptSwap = Router
 
 
 class _Slots:
     router: Router | None = None
+    prompts: PromptSwap | None = None
     tracing: ChatTracing | None = None
 
 
@@ -51,8 +55,16 @@ def set_tracing(tracing: ChatTracing | None) -> None:
     _fill("tracing", tracing)
 
 
+def set_prompt_swap(swap: PromptSwap | None) -> None:
+    _fill("prompts", swap)
+
+
 def router() -> Router | None:
     return _slots.router
+
+
+def prompt_swap() -> PromptSwap | None:
+    return _slots.prompts
 
 
 def tracing() -> ChatTracing | None:
@@ -63,7 +75,7 @@ def _fill(slot: str, value: Any) -> None:
     with _lock:
         setattr(_slots, slot, value)
         targets = (("Completions", _sync_create), ("AsyncCompletions", _async_create))
-        if _slots.router is not None or _slots.tracing is not None:
+        if any(s is not None for s in (_slots.router, _slots.prompts, _slots.tracing)):
             for cls, wrapper in targets:
                 if cls not in _patched:
                     wrap_function_wrapper(_MODULE, f"{cls}.create", wrapper)
@@ -97,6 +109,18 @@ def _route(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         return router(kwargs)
     except Exception:  # routing must never fail the agent's call: send what it asked for
         logger.warning("agl_bridge: alias routing failed; the model name is sent as it is",
+                       exc_info=True)
+        return kwargs, None
+
+
+def _swap(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    swap = _slots.prompts
+    if swap is None:
+        return kwargs, None
+    try:
+        return swap(kwargs)
+    except Exception:  # the swap must never fail the agent's call: send its own prompt
+        logger.warning("agl_bridge: the prompt swap failed; the messages are sent as they are",
                        exc_info=True)
         return kwargs, None
 
@@ -140,12 +164,13 @@ def _fallback(served: list[dict[str, Any]], asked: Any, routed: str) -> str | No
 def _sync_create(wrapped, instance, args, kwargs):
     asked = kwargs.get("model")
     kwargs, alias = _route(kwargs)
+    kwargs, prompt = _swap(kwargs)
     tracing = _slots.tracing
 
     def call(kw: dict[str, Any], alias: str | None) -> Any:
         if tracing is None:
             return wrapped(*args, **kw)
-        return tracing.sync_create(wrapped, instance, args, kw, alias)
+        return tracing.sync_create(wrapped, instance, args, kw, alias, prompt)
 
     try:
         return call(kwargs, alias)
@@ -164,12 +189,13 @@ def _sync_create(wrapped, instance, args, kwargs):
 async def _async_create(wrapped, instance, args, kwargs):
     asked = kwargs.get("model")
     kwargs, alias = _route(kwargs)
+    kwargs, prompt = _swap(kwargs)
     tracing = _slots.tracing
 
     async def call(kw: dict[str, Any], alias: str | None) -> Any:
         if tracing is None:
             return await wrapped(*args, **kw)
-        return await tracing.async_create(wrapped, instance, args, kw, alias)
+        return await tracing.async_create(wrapped, instance, args, kw, alias, prompt)
 
     try:
         return await call(kwargs, alias)

@@ -4,7 +4,8 @@
 the sync and async ``create``: decide what to ask the server for, start the span, call, then
 record the response, or hand back a stream or raw response whose span ends with it. It runs in
 the tracing slot of the shared patch (``patch.py``), after routing: the request it sees already
-asks for the live version, and ``alias`` is what the agent asked for.
+asks for the live version, and ``alias`` is what the agent asked for; ``prompt`` is the version
+of the agent's prompt the swap put in (``prompt_swap.py``).
 """
 
 from __future__ import annotations
@@ -81,11 +82,14 @@ class ChatTracing:
         return raw.activate(call.take)
 
     # -- the span -------------------------------------------------------------------------------
-    def start(self, instance: Any, call: Call, alias: str | None = None) -> trace.Span:
+    def start(self, instance: Any, call: Call, alias: str | None = None,
+              prompt: str | None = None) -> trace.Span:
         model = call.kwargs.get("model") if given(call.kwargs.get("model")) else None
         attributes = request_attributes(call.kwargs, instance, call)
         if alias is not None:
             attributes[sc.POLICY_ALIAS] = alias
+        if prompt is not None:
+            attributes[sc.PROMPT_VERSION] = prompt
         branches.start_attributes(call, attributes)
         return self.tracer.start_span(sc.chat_span_name(model), kind=SpanKind.CLIENT,
                                       attributes=attributes)
@@ -112,13 +116,14 @@ class ChatTracing:
         return result
 
     # -- wrappers -------------------------------------------------------------------------------
-    def sync_create(self, wrapped, instance, args, kwargs, alias: str | None = None):
+    def sync_create(self, wrapped, instance, args, kwargs, alias: str | None = None,
+                    prompt: str | None = None):
         if not is_instrumentation_enabled():
             return wrapped(*args, **kwargs)
         level = capture_level()
         call = self.decide(instance, kwargs, level)
         branches.prepare(call)
-        span = self.start(instance, call, alias)
+        span = self.start(instance, call, alias, prompt)
         token = self.taking(call)
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False,
@@ -133,7 +138,8 @@ class ChatTracing:
                 raw.deactivate(token)
         return self.finish(span, result, call)
 
-    async def async_create(self, wrapped, instance, args, kwargs, alias: str | None = None):
+    async def async_create(self, wrapped, instance, args, kwargs, alias: str | None = None,
+                           prompt: str | None = None):
         if not is_instrumentation_enabled():
             return await wrapped(*args, **kwargs)
         level = capture_level()
@@ -142,7 +148,7 @@ class ChatTracing:
             await asyncio.to_thread(self.probe.kind, base_url)  # never block the event loop
         call = self.decide(instance, kwargs, level)
         branches.prepare(call)
-        span = self.start(instance, call, alias)
+        span = self.start(instance, call, alias, prompt)
         token = self.taking(call)
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False,

@@ -28,7 +28,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -42,9 +42,29 @@ LOCK_FILE = ".registry.lock"
 STATES = ("loading", "live", "retired", "unloaded")
 
 
+@contextmanager
+def locked(lock_path: Path) -> Iterator[None]:
+    """Hold ``flock`` on ``lock_path`` for the body: the one lock of a registry directory, for
+    its adapter versions and its prompt versions (``prompts.py``) alike."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock (and so does the kernel if this process dies)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` atomically (temporary file + rename): readers see the old or the new."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def version_number(name: str) -> int | None:
-    """N of a served name ``alias@vN``; None for any other name."""
-    m = re.fullmatch(r".+@v(\d+)", name)
+    """N of a served name ``alias@vN`` (or ``alias@vN-<digest>``, the name a version gets where
+    another registry's adapter holds ``alias@vN``); None for any other name."""
+    m = re.fullmatch(r".+@v(\d+)(?:-[0-9a-f]{8})?", name)
     return int(m.group(1)) if m else None
 
 
@@ -134,20 +154,15 @@ class Registry:
                                f"damaged")
         return dict(aliases)
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock (and so does the kernel if this process dies)
+    def locked(self) -> AbstractContextManager[None]:
+        """The registry's lock, held for one transaction (adapters' or prompts')."""
+        return locked(self.lock_path)
 
     @contextmanager
     def transaction(self) -> Iterator[State]:
         """Lock, read both files from disk, let the caller change them, write back what
         changed. Nothing is written if the body raises."""
-        with self._locked():
+        with self.locked():
             state = State(self.read_history(), self.read_aliases())
             before = (self._encode(state.history), dict(state.aliases))
             self._reconcile(state)  # written back with the caller's changes
@@ -156,9 +171,7 @@ class Registry:
                 self.table.write(state.aliases)
             history = self._encode(state.history)
             if history != before[0]:
-                tmp = self.directory / f".{HISTORY_FILE}.{os.getpid()}"
-                tmp.write_text(history)
-                os.replace(tmp, self.history_path)
+                replace_text(self.history_path, history)
 
     @staticmethod
     def _encode(history: dict[str, list[Version]]) -> str:
