@@ -1,6 +1,6 @@
 # The README's two commands, `make demo` and `make test`, and what they are made of. Each first
 # creates the environment it needs (.venv; scripts/setup-venv.sh).
-.PHONY: demo test test-fast lint venv
+.PHONY: demo test test-fast lint venv test-gpu bench-gpu
 
 # no model hub is reachable, or wanted, at run time
 export HF_HUB_OFFLINE := 1
@@ -25,3 +25,12 @@ test-fast: venv
 
 lint: venv
 	@scripts/lint.sh
+
+# on a machine with a GPU (docs/gpu.md): the gpu-marked suite, which every other run deselects;
+# the venv there holds vLLM's CUDA build (setup-venv.sh picks it where nvidia-smi works)
+test-gpu: venv
+	.venv/bin/python -m pytest -q -m gpu tests/gpu
+
+# the GPU benchmarks, each printed beside its peer (docs/gpu.md; --quick: a few minutes)
+bench-gpu: venv
+	.venv/bin/python benchmarks/gpu_bench.py $(BENCH_ARGS)

