@@ -154,6 +154,11 @@ class EpisodeStats(LoopCallback):
 
     def on_evaluate(self, loop: Loop, label: str, out: Path) -> None:
         stats = episode_stats(out / "results.jsonl")
+        measures = getattr(importlib.import_module(TEAMS[loop.data["demo"]["task"]]),
+                           "measures", None)  # the team's own measures, if it has any
+        if measures is not None:
+            stats["measures"] = measures([json.loads(line) for line in (
+                out / "results.jsonl").read_text().splitlines() if line.strip()])
         loop.data[label].update(stats)
         s = stats["success"]
         log(f"{label}: team success {s['rate']:.1%} [{s['low']:.1%}, {s['high']:.1%}] on "
@@ -388,6 +393,13 @@ def finish(work: Path, data: dict) -> dict:
     return data
 
 
+def _measure(m: dict) -> str:
+    """A rate or a mean with its 95% interval, as the summary prints it."""
+    if "rate" in m:
+        return f"{m['rate']:.1%} [{m['low']:.1%}, {m['high']:.1%}]"
+    return f"{m['mean']:.2f} [{m['low']:.2f}, {m['high']:.2f}]"
+
+
 def summary(data: dict, base: dict, final: dict) -> str:
     s = data.get("demo") or data["settings"]
     b, f = base["success"], final["success"]
@@ -400,6 +412,9 @@ def summary(data: dict, base: dict, final: dict) -> str:
                  f"{a} {base['agents'][a]['rate']:.1%} -> {final['agents'][a]['rate']:.1%}"
                  for a in sorted(base["agents"])),
              f"training rounds (sampled at temperature {s['temperature']:.1f}):"]
+    if base.get("measures") and final.get("measures"):
+        lines[-1:-1] = [f"  {name}: {_measure(base['measures'][name])} -> "
+                        f"{_measure(final['measures'][name])}" for name in base["measures"]]
     for r in data["rounds"]:
         outcome = (", ".join(r["published"].values()) if r.get("published")
                    else f"refused ({r.get('gate', {}).get('rule', 'not trained')})")

@@ -170,7 +170,7 @@ def _examples(work: Path, n: int = 6) -> str:
     rows = []
     for tid in list(before)[:n]:
         b, a = before[tid], after.get(tid, {})
-        rows.append([f"{b['a']} + {b['b']}",
+        rows.append([b.get("question") or f"{b['a']} + {b['b']}",
                      " / ".join(repr(b["replies"].get(x, "")) for x in agents),
                      "yes" if b["success"] else "no",
                      " / ".join(repr(a.get("replies", {}).get(x, "")) for x in agents),

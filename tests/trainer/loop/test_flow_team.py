@@ -231,3 +231,27 @@ def test_the_demo_draws_flow_tasks_and_converts_with_the_teams_recipe(tmp_path):
     mine = LoopConfig(model="m", convert=ConvertConfig(rewards=str(tmp_path / "mine.toml")))
     kept = team_recipe("flow", mine, tmp_path)  # --convert.rewards given: the user's recipe
     assert [t.name for t in kept.convert.recipe.terms] == ["tool_choice"]
+
+
+def test_the_workflow_measures_and_the_demo_summary_of_them():
+    from agl_bridge.trainer.loop.demo import summary
+
+    def result(valid, right, calls, retries, steps=2, depth=2):
+        return {"plan_valid": valid, "steps": steps if valid else None,
+                "depth": depth if valid else None, "right_tool": right, "tool_calls": calls,
+                "retries": retries, "seconds": 2.0}
+
+    before = flow.measures([result(False, 0, 2, 1), result(True, 1, 2, 0, 3, 2)])
+    after = flow.measures([result(True, 2, 2, 0), result(True, 2, 2, 0, 1, 1)])
+    assert before["valid plans"]["rate"] == 0.5 and after["valid plans"]["rate"] == 1.0
+    assert before["tool accuracy"]["rate"] == 0.25 and before["tool accuracy"]["n"] == 4
+    assert before["steps per valid plan"]["mean"] == 3.0 and after["depth per valid plan"][
+        "mean"] == 1.5
+    assert before["retries per task"]["mean"] == 0.5
+    stats = {"success": {"rate": 0.5, "low": 0.1, "high": 0.9, "n": 2},
+             "agents": {"planner": {"rate": 0.5}}}
+    text = summary({"demo": {"eval_temperature": 0, "eval_rollouts": 1, "temperature": 0.6},
+                    "rounds": [], "seconds": {"rollouts": 60.0}},
+                   {**stats, "measures": before}, {**stats, "measures": after})
+    assert "  valid plans: 50.0% [" in text and "] -> 100.0% [" in text
+    assert "  steps per valid plan: 3.00 [3.00, 3.00] -> 1.50 [" in text

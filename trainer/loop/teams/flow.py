@@ -139,7 +139,7 @@ async def ask(client: Any, model: str, messages: list[dict[str, str]], regex: st
 async def run_step(wf: Workflow, step_id: str, after: tuple[str, ...], task: str,
                    suggested: str | None, planned: bool, results: dict[str, int | None],
                    client: Any, args: argparse.Namespace, calls: list[tuple[bool, bool]],
-                   turn: list[int]) -> int | None:
+                   turn: list[int], replies: list[str]) -> int | None:
     """Schedule, execute (with retries) and validate one step; returns its result."""
     text = fill(task, results)
     need = requirement(text)
@@ -154,6 +154,7 @@ async def run_step(wf: Workflow, step_id: str, after: tuple[str, ...], task: str
                 reply = await ask(client, args.executor_model,
                                   executor_messages(text, suggested, error), CALL_REGEX, args,
                                   args.call_tokens)
+                replies.append(reply)
                 tool, arg = tool_call(reply)
                 value, error = None, "no tool named"
                 if tool is not None:
@@ -185,11 +186,12 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
             running: Plan = plan if plan.valid else fallback(q)
             results: dict[str, int | None] = {}
             calls: list[tuple[bool, bool]] = []  # (right tool, worked) per executor call
-            turn = [0]
+            turn: list[int] = [0]  # the executor's next turn
+            said: list[str] = []  # its replies
             for step in running.steps:
                 results[step.id] = await run_step(
                     wf, step.id, step.after, step.task, step.tool or None, plan.valid, results,
-                    client, args, calls, turn)
+                    client, args, calls, turn, said)
             success = results.get(running.final.id) == want
             agl_bridge.emit_reward({"correct": float(success)}, scope="team")
             retries = sum(t.retries for t in wf.tasks.values())
@@ -199,7 +201,8 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
     executor_score = sum(r and w for r, w in calls) / len(calls) if calls else 0.0
     scores = {PLANNER: planner_score, EXECUTOR: executor_score}
     return {"task_id": task["task_id"], "rollout": rollout, "episode_id": episode_id,
-            "question": q, "answer": want, "plan": reply,
+            "question": q, "answer": want,
+            "replies": {PLANNER: reply, EXECUTOR: " | ".join(said)},
             "final": results.get(running.final.id), "success": success,
             "score": float(success), "team_reward": float(success),
             "agent_score": scores, "agent_reward": scores,
@@ -239,6 +242,22 @@ def summary(results: list[dict]) -> dict[str, Any]:
             "tool_accuracy": sum(r["right_tool"] for r in results) / calls if calls else None,
             "retries": sum(r["retries"] for r in results) / n,
             "seconds": sum(r["seconds"] for r in results) / n}
+
+
+def measures(results: list[dict]) -> dict[str, dict[str, float]]:
+    """The workflow's measures over a run's result lines, with 95% intervals (Wilson for
+    rates, normal for means): what ``agl-bridge demo --task flow`` reports before and after."""
+    from agl_bridge.trainer.loop.report import mean_ci, wilson
+
+    valid = [r for r in results if r["plan_valid"]]
+    return {
+        "valid plans": wilson(len(valid), len(results)),
+        "tool accuracy": wilson(sum(r["right_tool"] for r in results),
+                                sum(r["tool_calls"] for r in results)),
+        "steps per valid plan": mean_ci([float(r["steps"]) for r in valid]),
+        "depth per valid plan": mean_ci([float(r["depth"]) for r in valid]),
+        "retries per task": mean_ci([float(r["retries"]) for r in results]),
+        "seconds per task": mean_ci([float(r["seconds"]) for r in results])}
 
 
 def main() -> None:
