@@ -279,3 +279,5 @@ OPENINFERENCE_OUTPUT_PREFIX: Final = "llm.output_messages."
 OPENINFERENCE_MODEL_NAME: Final = "llm.model_name"
 OPENINFERENCE_AGENT_NAME: Final = "agent.name"
 OPENINFERENCE_OUTPUT_VALUE: Final = "output.value"  # the response as JSON: its finish reason
+OPENINFERENCE_SESSION_ID: Final = "session.id"  # a conversation: many traces, one episode
+OPENLLMETRY_SESSION_ID: Final = "traceloop.association.properties.session_id"

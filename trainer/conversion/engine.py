@@ -55,6 +55,10 @@ def spans_to_transitions(spans: pa.Table, config: ConvertConfig | None = None, *
     records in the table (feedback, ``gen_ai.evaluation.result``) are joined to their
     episodes."""
     cfg = _config(config, missing_reward)
+    if cfg.retokenize:  # other instrumentors' sessions are episodes (foreign.py)
+        from agl_bridge.trainer.conversion.foreign import trace_sessions, with_session_episodes
+
+        spans = with_session_episodes(spans, trace_sessions([spans]))
     found = scan_tables([spans])
     resolved = resolve_tables(found, [spans], weights=cfg.evaluation_weights,
                               labels=cfg.evaluation_labels) if found else None
@@ -169,6 +173,20 @@ def _config(config: ConvertConfig | None, missing_reward: MissingReward | None
 
 def _convert_files(files: list[Path], where: str, job: _Job, extra: Sequence[Path] = (),
                    skipped: Sequence[tuple[Path, str]] = ()) -> ConversionStats:
+    if not job.cfg.retokenize:
+        return _convert_span_files(files, where, job, extra, skipped)
+    from agl_bridge.trainer.conversion.foreign import session_episodes
+
+    # other instrumentors' sessions are episodes: set before anything reads the files (the
+    # extra evaluation sources among them are read as rewritten, once)
+    seen = {p.resolve() for p in files}
+    with session_episodes(files) as read:
+        return _convert_span_files(read, where, job,
+                                   [p for p in extra if p.resolve() not in seen], skipped)
+
+
+def _convert_span_files(files: list[Path], where: str, job: _Job, extra: Sequence[Path] = (),
+                        skipped: Sequence[tuple[Path, str]] = ()) -> ConversionStats:
     cfg, part = job.cfg, job.part
     seen = {p.resolve() for p in files}
     found = scan_files(files + [p for p in extra if p.resolve() not in seen])

@@ -23,27 +23,35 @@ ids, no episodes and often no agent on the call itself. ``normalize`` runs befor
   OpenLLMetry ``@agent`` span's entity name, else the nearest ancestor in the same trace that
   names one (the GenAI conventions put the agent on the ``invoke_agent`` span around its calls).
 
-The episode stays the trace (``columns.episode_keys``), which every convention carries on every
-span: a session (OpenInference's ``session.id``, ``gen_ai.conversation.id``) spans many traces,
-and the evaluation lookup and the spilled route key episodes before any attribute is parsed.
+The episode is the session when the spans name one (``gen_ai.conversation.id``, OpenInference's
+``session.id``, OpenLLMetry's ``session_id`` association property): a conversation of many
+requests, each its own trace, is one rollout. ``session_episodes`` sets it on every span of the
+session's traces before anything else reads the files (so evaluations, the buckets of a large
+input and the stages key the same episodes); otherwise the episode is the trace
+(``columns.episode_keys``), which every convention carries on every span.
 A span whose messages cannot be read is named in the notes (convention and key) and left without
 ids, so the converter skips it as it skips any call without ids.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from agl_bridge import semconv as sc
 from agl_bridge.schema import SPAN_SCHEMA
 from agl_bridge.trainer.conversion import reasons
 from agl_bridge.trainer.conversion.config import ConversionStats
+from agl_bridge.trainer.conversion.evaluations import is_evaluation
 
 OPENINFERENCE = "OpenInference"
 OPENLLMETRY = "OpenLLMetry"
@@ -407,3 +415,91 @@ def _inherit_agents(spans: pa.Table, operations: list[Any], agents: list[Any],
                 stats.notes[reasons.AGENT_FROM_ANCESTOR] += 1
                 break
     return found
+
+
+# -- sessions: a conversation of many traces is one episode --------------------------------------
+SESSION_KEYS = (sc.GEN_AI_CONVERSATION_ID, sc.OPENINFERENCE_SESSION_ID, sc.OPENLLMETRY_SESSION_ID)
+SESSION_PREFIX = "session:"
+
+
+def trace_sessions(tables: Iterable[pa.Table]) -> dict[str, str]:
+    """trace id -> the session one of its spans names (the first found), for the traces that
+    name one."""
+    out: dict[str, str] = {}
+    marks = tuple(json.dumps(k) for k in SESSION_KEYS)
+    for table in tables:
+        if "attributes" not in table.column_names or table.num_rows == 0:
+            continue
+        hit = _marked(table["attributes"], marks)
+        traces = table["trace_id"].filter(pa.array(hit)).to_pylist()
+        for trace, raw in zip(traces, table["attributes"].filter(pa.array(hit)).to_pylist()):
+            if trace in out:
+                continue
+            try:
+                attrs = json.loads(raw)
+            except ValueError:
+                continue
+            for key in SESSION_KEYS:
+                value = attrs.get(key) if isinstance(attrs, dict) else None
+                if isinstance(value, str) and value:
+                    out[trace] = value
+                    break
+    return out
+
+
+def with_session_episodes(table: pa.Table, sessions: Mapping[str, str]) -> pa.Table:
+    """``episode_id = session:<id>`` on the spans of a session's traces that carry no episode
+    (evaluation records keep theirs: they are placed by what they name)."""
+    if not sessions or table.num_rows == 0:
+        return table
+    traces = table["trace_id"].to_pylist()
+    episodes = (table["episode_id"].to_pylist() if "episode_id" in table.column_names
+                else [None] * table.num_rows)
+    records = is_evaluation(table).to_pylist()
+    changed = False
+    for i, trace in enumerate(traces):
+        if episodes[i] is None and not records[i] and trace in sessions:
+            episodes[i], changed = SESSION_PREFIX + sessions[trace], True
+    if not changed:
+        return table
+    column = pa.array(episodes, SPAN_SCHEMA.field("episode_id").type)
+    if "episode_id" in table.column_names:
+        return table.set_column(table.column_names.index("episode_id"), "episode_id", column)
+    return table.append_column(SPAN_SCHEMA.field("episode_id"), column)
+
+
+@contextlib.contextmanager
+def session_episodes(files: Sequence[Path]) -> Iterator[list[Path]]:
+    """``files``, with those holding spans of a session's traces rewritten (in a temporary
+    directory, for the ``with`` block) so that the session is their episode. Done before
+    anything else reads them, so evaluations, buckets and the stages key the same episodes."""
+    def read(path: Path, columns: list[str] | None) -> pa.Table | None:
+        try:
+            pf = pq.ParquetFile(path, memory_map=True)
+            names = pf.schema_arrow.names
+            if columns is not None and not set(columns) <= set(names):
+                return None
+            return pf.read(columns=columns, use_threads=False)
+        except (pa.ArrowInvalid, OSError):
+            return None  # named when the stages read it
+
+    sessions = trace_sessions(t for t in (read(p, ["trace_id", "attributes"]) for p in files)
+                              if t is not None)
+    if not sessions:
+        yield list(files)
+        return
+    with tempfile.TemporaryDirectory(prefix="agl-bridge-sessions-") as tmp:
+        out: list[Path] = []
+        for n, path in enumerate(files):
+            ids = read(path, ["trace_id"])
+            if ids is None or not any(t in sessions for t in ids["trace_id"].to_pylist()):
+                out.append(path)
+                continue
+            table = read(path, None)
+            if table is None:
+                out.append(path)
+                continue
+            target = Path(tmp) / f"{n:06d}-{path.name}"
+            pq.write_table(with_session_episodes(table, sessions), target)
+            out.append(target)
+        yield out

@@ -85,6 +85,32 @@ def test_a_team_traced_by_another_instrumentor_trains_through_retokenization(tmp
     assert pq.read_table(tmp_path / "plain.parquet").num_rows == 0
 
 
+@pytest.mark.parametrize("which", ["openinference", "openai-v2", "openllmetry"])
+@pytest.mark.parametrize("route", ["in memory", "spilled"])
+def test_a_session_of_several_traces_is_one_episode(tmp_path, start, tiny, which, route):
+    receiver = start()
+    with ScriptedServer(vllm=False, reply="4") as server:
+        run = subprocess.run([sys.executable, str(TEAM), which, server.base_url,
+                              receiver.http_endpoint, "2", "chat-7"], capture_output=True,
+                             text=True, env=clean_env(), timeout=120)
+    assert run.returncode == 0, run.stderr
+    traces = {json.loads(line)["trace_id"] for line in run.stdout.splitlines()}
+    receiver.stop()
+    assert len(traces) == 2
+
+    out = tmp_path / "t.parquet"
+    convert(tmp_path / "out", out, ConvertConfig(retokenize=str(tiny)),
+            max_rows_in_memory=10_000 if route == "in memory" else 2)
+    rows = pq.read_table(out).to_pylist()
+    assert {r["episode_id"] for r in rows} == {"session:chat-7"}
+    assert {r["trace_id"] for r in rows} == traces  # both requests, one episode
+    assert sorted((r["agent_name"], r["turn_index"]) for r in rows) == [
+        ("checker", 0), ("checker", 1), ("solver", 0), ("solver", 1)]
+    # the team span's score names no call: the session's latest one counts, once
+    assert {r["reward"] for r in rows} == {1.0}
+    assert not list((tmp_path / "out").rglob("*session*"))  # the input is left as it was
+
+
 # -- recorded spans -----------------------------------------------------------------------------
 def foreign(trace, t, attributes, *, events=None, parent=None, span=None, operation=None):
     """A span as another instrumentor writes it: no episode, task, agent, ids."""
@@ -126,6 +152,26 @@ def test_openllmetry_flat_messages_under_an_agent_span_convert(tiny, tmp_path, r
     assert (got["prompt_ids"], got["completion_ids"]) == template(
         tiny, [{"role": "user", "content": "2+3?"}], "5")
     assert stats.notes[reasons.foreign_read(OPENLLMETRY)] == 1
+
+
+def test_a_session_is_one_episode_in_a_table_too(tiny):
+    """spans_to_transitions: gen_ai.conversation.id on one span of each trace; a score
+    naming the session's second call goes to that call's turn."""
+    calls = []
+    for k, trace in enumerate(("1" * 32, "2" * 32)):
+        calls.append(openllmetry_call(trace, None, f"q{k}", "a"))
+        calls[-1]["agent_name"] = "a"
+        calls[-1]["response_id"] = f"r{k}"
+        calls.append(foreign(trace, 0, {sc.GEN_AI_CONVERSATION_ID: "c"}))
+    score = {"trace_id": "3" * 32, "span_id": "9" * 16, "name": sc.GEN_AI_EVALUATION_RESULT,
+             "start_time_unix_nano": 5, "evaluation_name": "helpful", "evaluation_score": 1.0,
+             "response_id": "r1"}
+    out, _ = spans_to_transitions(table([*calls, score]),
+                                  ConvertConfig(retokenize=str(tiny), missing_reward=0.0))
+    got = out.to_pylist()
+    assert {r["episode_id"] for r in got} == {"session:c"}
+    # one agent's calls in one episode: one turn, the second prompt did not extend the first
+    assert sorted(r["reward"] for r in got) == [1.0, 1.0] and len(got) == 2
 
 
 def test_openllmetry_content_parts_as_json_keep_their_text(tiny):
