@@ -124,7 +124,7 @@ def test_a_real_mlflow_server_on_loopback(tmp_path, monkeypatch):
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "w"),
         start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # 80 s seen on 2 loaded cores
         while True:
             try:
                 if urllib.request.urlopen(f"{url}/health", timeout=2).read() == b"OK":
@@ -132,7 +132,7 @@ def test_a_real_mlflow_server_on_loopback(tmp_path, monkeypatch):
             except OSError:
                 pass
             assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "mlflow server did not start in 120 s"
+            assert time.monotonic() < deadline, "mlflow server did not start in 300 s"
             time.sleep(1)
         monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
         report = tmp_path / "report.html"
