@@ -98,6 +98,9 @@ def _plan(*steps):
 def test_plans_that_cannot_run_are_refused_with_the_first_problem(text, problem):
     plan = flow_plans.check(text)
     assert not plan.valid and plan.problem.startswith(problem)
+    stage = next((i for i, c in enumerate(flow_plans.CHECKS) if plan.problem == c), 0)
+    assert plan.progress == stage / 7 and flow_plans.check(gold_plan(
+        {"kind": "price", "items": ["fig"]})).progress == 1.0
 
 
 def test_requirements_steps_and_tool_calls():

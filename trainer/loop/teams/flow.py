@@ -26,7 +26,9 @@ One episode:
    again (``--max-retries``), told why it failed;
 4. the team succeeds when the final step's result is the answer.
 
-Rewards emitted inline: the team's ``correct`` (1 or 0); the Flow integration's own (per step:
+Rewards emitted inline: the team's ``correct`` (1 or 0); the planner's ``plan``, ``--plan-credit``
+x the share of the checks its plan passed (``Plan.progress``: invalid plans fail in different
+places, so a group of them still says which came closer); the Flow integration's own (per step:
 success - 0.2 per retry, to the executor; completion, to the team). The rest comes from the
 recipe at conversion (``RECIPE``: the terms above). Each result line has each role's own
 score for the gate and the report: the planner's (``0.5 x valid + 0.5 x share of steps
@@ -101,14 +103,27 @@ def planner_messages(q: str) -> list[dict[str, str]]:
             {"role": "user", "content": q}]
 
 
-def executor_messages(task: str, suggested: str | None, error: str | None
-                      ) -> list[dict[str, str]]:
+def step_prompt(task: str, suggested: str | None, error: str | None = None) -> str:
     text = f"Step: {task}"
     if suggested:
         text += f"\nThe plan suggests: {suggested}"
     if error:
         text += f"\nYour last call failed: {error}. Try again."
-    return [{"role": "system", "content": EXECUTOR_SYSTEM}, {"role": "user", "content": text}]
+    return text
+
+
+# two worked calls before the step: the reply's shape and what goes in the input
+EXECUTOR_EXAMPLES = [
+    {"role": "user", "content": step_prompt("fig", "lookup")},
+    {"role": "assistant", "content": '{"tool": "lookup", "input": "fig"}'},
+    {"role": "user", "content": step_prompt("7 * 4", "calculator")},
+    {"role": "assistant", "content": '{"tool": "calculator", "input": "7 * 4"}'}]
+
+
+def executor_messages(task: str, suggested: str | None, error: str | None
+                      ) -> list[dict[str, str]]:
+    return [{"role": "system", "content": EXECUTOR_SYSTEM}, *EXECUTOR_EXAMPLES,
+            {"role": "user", "content": step_prompt(task, suggested, error)}]
 
 
 def fill(task: str, results: dict[str, int | None]) -> str:
@@ -179,6 +194,9 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
                 reply = await ask(client, args.planner_model, planner_messages(q), PLAN_REGEX,
                                   args, args.plan_tokens)
             plan = check(reply)
+            with agl_bridge.agent(PLANNER):  # partial credit for the checks its plan passed
+                agl_bridge.emit_reward({"plan": args.plan_credit * plan.progress},
+                                       scope="agent")
             wf.plan(PLANNER, valid=plan.valid, problem=plan.problem,
                     nodes=len(plan.steps) if plan.valid else None,
                     edges=plan.edges if plan.valid else None,
@@ -269,6 +287,9 @@ def main() -> None:
                          "tokens; the tiny model's byte tokens need about 300)")
     ap.add_argument("--call-tokens", type=int, default=64, help="an executor's reply at most")
     ap.add_argument("--max-retries", type=int, default=1, help="per step, after a failed call")
+    ap.add_argument("--plan-credit", type=float, default=0.5,
+                    help="the planner's reward for a plan that passes every check; a plan "
+                         "that fails one gets the share of the checks it passed before")
     ap.add_argument("--reward", choices=("flow",), default="flow",
                     help="accepted for the demo's team command; this team has one reward")
     args = ap.parse_args()

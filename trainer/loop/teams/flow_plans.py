@@ -34,6 +34,11 @@ _STEP = (r'\{"id": ' + _ID + r', "task": ' + _TEXT + r', "tool": ' + _TOOL
 PLAN_REGEX = r"\[" + _STEP + r"(, " + _STEP + r"){0," + str(MAX_STEPS - 1) + r"}\]"
 CALL_REGEX = r'\{"tool": ' + _TOOL + r', "input": "[a-z0-9 +*()-]{1,20}"\}'
 
+# the checks, in order; reading problems (not JSON, not a list, a step without its fields)
+# count as failing the first
+CHECKS = ("no steps", "duplicate id", "depends on an unknown step",
+          "uses a result it does not wait for", "a task that names neither an item nor "
+          "arithmetic", "a dependency cycle", "several final steps")
 _REF = re.compile(r"\bn(\d+)\b")
 _ARITHMETIC = re.compile(r"\d\s*[-+*]\s*[\d(]|\)\s*[-+*]|^\s*\d+\s*$")
 
@@ -59,6 +64,15 @@ class Plan:
     @property
     def valid(self) -> bool:
         return self.problem is None
+
+    @property
+    def progress(self) -> float:
+        """The share of the checks, in the order ``check`` makes them, that the plan passed
+        before its first problem (1 for a valid plan): a planner's partial credit."""
+        if self.problem is None:
+            return 1.0
+        stage = next((i for i, p in enumerate(CHECKS) if self.problem.startswith(p)), 0)
+        return stage / len(CHECKS)
 
     @property
     def final(self) -> Step:
