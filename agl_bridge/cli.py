@@ -14,6 +14,8 @@
     agl-bridge recover DIR                          write-ahead logs of dead writers -> Parquet
     agl-bridge feedback FILE --out DIR              scores that arrived later -> span Parquet
     agl-bridge judge SPANS --rubric F --base-url U --model M   LLM judge scores -> evaluations
+    agl-bridge apo SPANS --workdir W --config apo.toml   prompt candidates, gated, published
+    agl-bridge prompts publish|rollback|history|diff   prompt versions in a registry
     agl-bridge replay SPANS --team CMD --out DIR    stored episodes' inputs played K times again
     agl-bridge aliases-serve --registry DIR         the alias table over HTTP, for other hosts
 
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agl_bridge.trainer.conversion.config import ConvertConfig
     from agl_bridge.trainer.conversion.export_config import ExportConfig
     from agl_bridge.trainer.judging.config import JudgeConfig
+    from agl_bridge.trainer.loop.apo.config import ApoConfig
     from agl_bridge.trainer.loop.config import LoopConfig
     from agl_bridge.trainer.loop.demo_config import add_demo_flags
     from agl_bridge.trainer.serving.config import ServeConfig
@@ -248,6 +251,38 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_flags(j, JudgeConfig)
     j.add_argument("--quiet", action="store_true", help="no progress bar")
     j.set_defaults(func=commands.judge)
+
+    o = sub.add_parser("apo", help="optimise agents' system prompts from stored traces: critique, "
+                                   "rewrites, held-out scores, gate, publish",
+                       description="APO over stored traces: each agent's rewarded episodes are "
+                                   "critiqued by an optimizer model (any OpenAI-compatible "
+                                   "endpoint), a beam of rewrites is scored by running the team "
+                                   "command on held-out tasks with the live prompt swap, and "
+                                   "the best is published to the registry's prompt table only "
+                                   "if the gate finds it not worse beyond noise. Every "
+                                   "candidate's text, score and diff stay in --workdir. See "
+                                   "docs/prompts.md.")
+    o.add_argument("traces", metavar="SPANS_DIR", help="stored spans with rewarded episodes "
+                                                       "(captured at AGL_BRIDGE_CAPTURE=messages,"
+                                                       " or pass --tokenizer)")
+    o.add_argument("--workdir", required=True, help="where every candidate is kept")
+    settings.add_file_flags(o, "apo settings")
+    settings.add_flags(o, ApoConfig)
+    o.set_defaults(func=commands.apo)
+
+    pr = sub.add_parser("prompts", help="prompt versions in a registry: publish, rollback, "
+                                        "history, diff",
+                        description="publish AGENT FILE: a new live version of the agent's "
+                                    "prompt; rollback AGENT VERSION (p2, 2, writer@p2; p0: the "
+                                    "agent's own prompt); history [AGENT]; diff AGENT OLD NEW. "
+                                    "Agents follow REGISTRY/prompts.json with "
+                                    "AGL_BRIDGE_PROMPTS. See docs/prompts.md.")
+    pr.add_argument("action", choices=("publish", "rollback", "history", "diff"))
+    pr.add_argument("agent", nargs="?")
+    pr.add_argument("values", nargs="*", metavar="FILE_OR_VERSION")
+    pr.add_argument("--registry", required=True, help="the registry directory")
+    pr.add_argument("--note", help="publish: where this version came from")
+    pr.set_defaults(func=commands.prompts)
 
     v = sub.add_parser("recover", help="turn write-ahead logs left by dead writers into Parquet")
     v.add_argument("directory", help="a span Parquet directory (the one holding _wal/)")

@@ -455,6 +455,49 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def apo(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.loop.apo.config import ApoConfig
+
+    label, file_values = file_layer(args)
+    config, origin = resolved(ApoConfig, args, file_values=file_values, file_label=label)
+    if args.print_config:
+        return show((config, origin))
+    from agl_bridge.settings import record
+    from agl_bridge.trainer.loop.apo.run import run_apo
+
+    outcomes = run_apo(args.traces, config, args.workdir)
+    record(Path(args.workdir) / "apo.settings.json", apo=config)
+    for o in outcomes:
+        what = f"published {o.published}" if o.published else "nothing published"
+        print(f"{o.agent}: {o.candidates} candidates from {o.root}, best {o.best}: {what}")
+    return 0
+
+
+def prompts(args: argparse.Namespace) -> int:
+    from agl_bridge.trainer.serving.prompts import PromptRegistry
+
+    reg = PromptRegistry(args.registry)
+    need = {"publish": 1, "rollback": 1, "diff": 2, "history": 0}[args.action]
+    if (args.agent is None and args.action != "history") or len(args.values) != need:
+        raise ValueError(f"prompts {args.action} takes "
+                         + {"publish": "AGENT FILE", "rollback": "AGENT VERSION",
+                            "diff": "AGENT OLD NEW", "history": "[AGENT]"}[args.action])
+    if args.action == "publish":
+        v = reg.publish(args.agent, Path(args.values[0]).read_text(),
+                        note=args.note or f"from {args.values[0]}")
+        print(f"{args.agent} -> {v.name} ({reg.table_path})")
+    elif args.action == "rollback":
+        print(f"{args.agent} -> {reg.rollback(args.agent, args.values[0]).name}")
+    elif args.action == "diff":
+        print(reg.diff(args.agent, *args.values), end="")
+    else:
+        for agent, versions in sorted(reg.read_history().items()):
+            if args.agent in (None, agent):
+                for v in versions:
+                    print(f"{v.name}\t{v.state}\t{v.file or '-'}\t{v.note or ''}")
+    return 0
+
+
 def judge(args: argparse.Namespace) -> int:
     from agl_bridge.settings import SettingError
     from agl_bridge.trainer.judging.config import JudgeConfig

@@ -1,0 +1,196 @@
+"""``agl-bridge apo``: a batch job over stored traces that proposes, scores, gates and publishes
+prompt versions, one agent after another.
+
+For each agent: its live prompt (the registry's live version, else its own prompt as the
+traces show it, kept as p0) is the root; the stored rewarded episodes are what the first
+critique reads; the beam search (``search.py``) scores every candidate by running the team
+command on the first ``val_batch_size`` held-out tasks with a prompt table that gives the agent
+the candidate (``AGL_BRIDGE_PROMPTS``; the other agents keep their live prompts), and a
+candidate's own held-out episodes are what its critique reads. The best candidate goes through
+the gate (``gate.py``'s pure functions, on the same tasks) against the root and is published
+only if it is not worse beyond noise. Everything is kept under the work directory: each
+candidate's text, scores, critique and diff against the root (``candidates.jsonl``,
+``<id>/prompt.txt``, ``<id>/diff.txt``), and the decision (``apo.json``).
+
+No torch, no LoRA serving: an OpenAI-compatible endpoint for the team and one for the optimizer.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_name
+from agl_bridge.trainer.loop.apo.config import ApoConfig
+from agl_bridge.trainer.loop.apo.optimizer import Optimizer
+from agl_bridge.trainer.loop.apo.search import Candidate, beam_search, best
+from agl_bridge.trainer.loop.apo.transcripts import (
+    Transcript,
+    best_and_worst,
+    converted_rewards,
+    result_rewards,
+    transcripts,
+)
+from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
+from agl_bridge.trainer.loop.team import role_scores, run_team, task_scores
+from agl_bridge.trainer.serving.prompts import PromptRegistry
+
+
+class ApoError(ValueError):
+    """A run that cannot start or go on; the message names the setting or file."""
+
+
+@dataclass
+class AgentOutcome:
+    agent: str
+    root: str  # the live version the search started from
+    best: str  # the best candidate's id
+    published: str | None  # the version published, or None
+    gate: dict[str, Any] = field(default_factory=dict)
+    candidates: int = 0
+
+
+def _diff(old: str, new: str, a: str, b: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True),
+                                        new.splitlines(keepends=True), fromfile=a, tofile=b))
+
+
+def _tasks(path: str, n: int) -> list[dict[str, Any]]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ApoError(f"val_tasks {path}: cannot be read ({exc.strerror})") from None
+    tasks = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except ValueError:
+            raise ApoError(f"val_tasks {path}:{i}: not JSON") from None
+        if not isinstance(task, dict) or not isinstance(task.get("task_id"), str):
+            raise ApoError(f"val_tasks {path}:{i}: a task needs a string task_id")
+        tasks.append(task)
+    if not tasks:
+        raise ApoError(f"val_tasks {path}: no task")
+    return tasks[:n]
+
+
+def run_apo(traces: str | Path, config: ApoConfig, workdir: str | Path, *,
+            optimizer: Optimizer | None = None,
+            log: Callable[[str], None] = lambda m: print(f"apo: {m}", file=sys.stderr)
+            ) -> list[AgentOutcome]:
+    """Optimise each of ``config.agents``' prompts in turn; see the module's docstring."""
+    missing = config.missing()
+    if missing:
+        raise ApoError(f"apo needs {', '.join(missing)} (flags or --config)")
+    assert config.registry and config.team and config.val_tasks and config.base_url
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    registry = PromptRegistry(config.registry)
+    tasks = _tasks(config.val_tasks, config.val_batch_size)
+    optimizer = optimizer or Optimizer(
+        config.optimizer_base_url or config.base_url, config.gradient_model,
+        config.apply_edit_model or config.gradient_model,
+        api_key=os.environ.get("OPENAI_API_KEY"), timeout_s=config.timeout)
+    stored = converted_rewards(traces)
+    rng = random.Random(config.seed)
+    outcomes = []
+    for agent in config.agents:
+        outcomes.append(_one_agent(agent, traces, stored, tasks, config, registry, optimizer,
+                                   work / agent, rng, log))
+    (work / "apo.json").write_text(json.dumps(
+        [o.__dict__ for o in outcomes], indent=2))
+    return outcomes
+
+
+def _one_agent(agent: str, traces: str | Path, stored: dict[str, float],
+               tasks: list[dict[str, Any]], config: ApoConfig, registry: PromptRegistry,
+               optimizer: Optimizer, work: Path, rng: random.Random,
+               log: Callable[[str], None]) -> AgentOutcome:
+    pool = transcripts(traces, stored, max_chars=config.max_episode_chars,
+                       tokenizer=config.tokenizer, agent=agent)
+    live = registry.read_live()
+    root_version = live.get(agent, version_name(agent, 0))
+    root_text = registry.text(agent, root_version) if not root_version.endswith("@p0") else None
+    if root_text is None:
+        root_text = next((t.system for t in pool if t.system), None)
+        if root_text is None:
+            raise ApoError(f"{traces}: no system prompt of {agent!r} in its rewarded episodes "
+                           f"(capture at AGL_BRIDGE_CAPTURE=messages)")
+        registry.record_original(agent, root_text, note=f"seen in {traces}")
+    log(f"{agent}: {len(pool)} rewarded episodes; root {root_version}")
+    # the number a winner would be published as: what candidates' spans record
+    trial_version = version_name(agent, 1 + max(
+        [int(root_version.rsplit("@p", 1)[1])]
+        + [v.number for v in registry.read_history().get(agent, [])]))
+
+    def evaluate(c: Candidate) -> tuple[Scores, list[Transcript]]:
+        out = work / c.id
+        entries: dict[str, dict[str, str]] = {}
+        for other, name in live.items():
+            text = registry.text(other, name) if not name.endswith("@p0") else None
+            entries[other] = {"version": name, **({"text": text} if text else {})}
+        entries[agent] = ({"version": root_version} if c.id == "root" and root_version.endswith(
+            "@p0") else {"version": root_version if c.id == "root" else trial_version,
+                         "text": c.text})
+        table = {TABLE_KEY: entries}
+        parse_prompts(table)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "prompts.json").write_text(json.dumps(table, indent=2))
+        run = run_team(config.team or "", tasks, out, base_url=config.base_url or "",
+                       aliases=None, rollouts=config.rollouts, temperature=config.temperature,
+                       service=f"apo-{agent}",
+                       extra_env={PROMPTS_ENV: str(out / "prompts.json"),
+                                  "AGL_BRIDGE_CAPTURE": "messages"})
+        scores = Scores(task_scores(run.results), role_scores(run.results))
+        try:
+            own = transcripts(run.spans, result_rewards(run.results)
+                              or converted_rewards(run.spans),
+                              max_chars=config.max_episode_chars, agent=agent)
+        except (ValueError, FileNotFoundError):
+            own = []  # its critique reads the stored episodes instead
+        return scores, own
+
+    def critique(c: Candidate) -> str:
+        good, bad = best_and_worst(c.episodes or pool, config.gradient_batch_size, rng)
+        return optimizer.critique(agent, c.text, good, bad)
+
+    def rewrite(c: Candidate, text: str) -> str | None:
+        return optimizer.rewrite(agent, c.text, text, config.diversity_temperature)
+
+    root = Candidate("root", root_text, 0, episodes=pool)
+    tried = beam_search(root, evaluate=evaluate, critique=critique, rewrite=rewrite,
+                        beam_width=config.beam_width, branch_factor=config.branch_factor,
+                        rounds=config.beam_rounds, log=lambda m: log(f"{agent}: {m}"))
+    with open(work / "candidates.jsonl", "w") as f:
+        for c in tried:
+            diff = _diff(root.text, c.text, root_version, c.id)
+            (work / c.id / "prompt.txt").write_text(c.text)
+            (work / c.id / "diff.txt").write_text(diff)
+            f.write(json.dumps({**c.as_dict(), "diff": diff}) + "\n")
+    winner = best(tried)
+    outcome = AgentOutcome(agent, root_version, winner.id, None, candidates=len(tried))
+    if winner is root:
+        log(f"{agent}: no candidate beat {root_version} ({root.mean:.3f}); nothing published")
+        return outcome
+    assert root.scores is not None and winner.scores is not None
+    ok, team, roles = gate_team_and_roles(root.scores, winner.scores, [agent],
+                                          rule=config.rule, tolerance=config.tolerance)
+    outcome.gate = {"publish": ok, "team": team.as_dict(),
+                    "roles": {r: d.as_dict() for r, d in roles.items()}}
+    log(f"{agent}: gate {'passed' if ok else 'refused'} {winner.id}: {team.rule}")
+    if ok and config.publish:
+        version = registry.publish(agent, winner.text, note=(
+            f"apo {work}: {winner.id}, held-out {winner.mean:.3f} vs {root.mean:.3f} "
+            f"({root_version}) on {team.n} tasks"))
+        outcome.published = version.name
+        log(f"{agent}: published {version.name}")
+    return outcome

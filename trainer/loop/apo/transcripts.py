@@ -1,0 +1,92 @@
+"""Rewarded episodes as readable transcripts: what the optimizer reads of how a prompt did.
+
+The text is the judge's view of an episode (``trainer/judging/spans.py``: each LLM call's
+messages in time order with the agent's name; token ids decoded with ``tokenizer`` when the
+store has no messages); the reward is the episode's mean transition reward after conversion,
+so every source the product reads counts (inline rewards, feedback, evaluation events, recipes,
+judges' verdicts), or the team's own ``score`` when its result lines name the episode.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agl_bridge.trainer.judging.spans import read_episodes, tokenizer_decoder
+from agl_bridge.trainer.rewards.judge import shorten
+
+
+@dataclass(frozen=True)
+class Transcript:
+    episode: str
+    task: str | None
+    reward: float
+    text: str
+    system: str | None = None  # the agent's first system message, whole
+
+
+def converted_rewards(source: str | Path) -> dict[str, float]:
+    """Episode -> mean transition reward, through conversion (episodes with no reward from
+    any source are left out)."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    from agl_bridge.trainer.conversion import convert
+
+    with tempfile.TemporaryDirectory(prefix="agl-apo-") as tmp:
+        out = Path(tmp) / "transitions.parquet"
+        stats = convert(source, out)
+        if not stats.transitions:
+            return {}
+        table = pq.read_table(out, columns=["episode_id", "reward"])
+    sums: dict[str, list[float]] = {}
+    for e, r in zip(table["episode_id"].to_pylist(), table["reward"].to_pylist()):
+        if e is not None and r is not None and math.isfinite(r):
+            sums.setdefault(e, []).append(r)
+    return {e: math.fsum(v) / len(v) for e, v in sums.items()}
+
+
+def result_rewards(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Episode -> the team's own ``score`` for it, from result lines that name the episode."""
+    return {r["episode_id"]: float(r["score"]) for r in results
+            if isinstance(r.get("episode_id"), str)
+            and isinstance(r.get("score"), (int, float)) and not isinstance(r["score"], bool)}
+
+
+def transcripts(source: str | Path, rewards: Mapping[str, float], *, max_chars: int,
+                tokenizer: str | None = None, agent: str | None = None) -> list[Transcript]:
+    """The rewarded episodes under ``source`` as text, those where ``agent`` spoke (all when
+    None); raises ``ValueError`` naming the source when none is left."""
+    decoder = tokenizer_decoder(tokenizer) if tokenizer else None
+    episodes = read_episodes(source, decoder)
+    head = f"[{agent}] system: "
+    out = [Transcript(e.episode, e.task, rewards[e.episode], shorten(e.text, max_chars),
+                      next((b[len(head):] for b in e.blocks if b.startswith(head)), None))
+           for e in episodes.texts if e.episode in rewards
+           and (agent is None or any(b.startswith(f"[{agent}]") for b in e.blocks))]
+    if not out:
+        why = "; ".join(list(episodes.failed.values())[:3] + episodes.problems[:3])
+        raise ValueError(f"{source}: no rewarded episode{' of ' + agent if agent else ''} can "
+                         f"be read as text ({len(episodes.texts)} episodes as text, "
+                         f"{len(rewards)} rewarded){': ' + why if why else ''}; capture at "
+                         f"AGL_BRIDGE_CAPTURE=messages, or pass the tokenizer")
+    return out
+
+
+def best_and_worst(pool: Sequence[Transcript], n: int, rng: random.Random
+                   ) -> tuple[list[Transcript], list[Transcript]]:
+    """Up to ``n`` episodes for a critique: the best half and the worst half by reward (ties
+    broken by a seeded shuffle, so each critique may see different episodes)."""
+    shuffled = list(pool)
+    rng.shuffle(shuffled)
+    ranked = sorted(shuffled, key=lambda t: t.reward, reverse=True)
+    best_n = (min(n, len(ranked)) + 1) // 2
+    worst_n = min(n, len(ranked)) - best_n
+    best = ranked[:best_n]
+    worst = [t for t in ranked[::-1][:worst_n] if t not in best]
+    return best, worst
