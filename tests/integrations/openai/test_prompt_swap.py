@@ -188,3 +188,29 @@ def test_zero_code_autogen_team_follows_the_table(tmp_path):
     rows = [json.loads(a) for a, op in zip(table["attributes"].to_pylist(),
                                            table["operation_name"].to_pylist()) if op == "chat"]
     assert sorted(r[sc.PROMPT_VERSION] for r in rows) == ["reviewer@p0", "writer@p1"]
+
+
+def test_langgraph_agents_follow_the_table(registry, spans):
+    """LangChain's ChatOpenAI calls through ``with_raw_response.create``: the swap reaches it,
+    for the agent LangGraph's ``create_agent(name=...)`` names."""
+    from langchain.agents import create_agent
+    from langchain_openai import ChatOpenAI
+
+    from agl_bridge.integrations.langchain import LangChainInstrumentor
+    from agl_bridge.integrations.openai import OpenAIInstrumentor
+
+    registry.publish("writer", "Writer, published.")
+    OpenAIInstrumentor().instrument()
+    LangChainInstrumentor().instrument()
+    try:
+        with ScriptedServer(vllm=True) as server:
+            llm = ChatOpenAI(model="m", base_url=server.base_url, api_key="k", max_retries=0)
+            for name in ("writer", "reviewer"):
+                agent = create_agent(llm, tools=[], name=name, system_prompt=f"You are {name}.")
+                agent.invoke({"messages": [("user", "hi")]})
+    finally:
+        LangChainInstrumentor().uninstrument()
+        OpenAIInstrumentor().uninstrument()
+    assert systems(server) == ["Writer, published.", "You are reviewer."]
+    assert [s.attributes[sc.PROMPT_VERSION] for s in chat_spans(spans)] == \
+        ["writer@p1", "reviewer@p0"]
