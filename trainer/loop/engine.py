@@ -279,7 +279,9 @@ class Loop:
         self.state.save()
 
     def _adapter_dir(self, alias: str, name: str) -> Path:
-        number = int(name.rsplit("@v", 1)[1])
+        from agl_bridge.trainer.serving.registry import version_number
+
+        number = version_number(name)
         owner = SHARED_ADAPTER if self.cfg.train.policy == "shared" else alias
         return self.work / "adapters" / owner / f"v{number:04d}"
 
@@ -611,7 +613,7 @@ class Loop:
 
     def _gate(self, r: int, rdir: Path, adapters: dict[str, str], record: dict[str, Any]
               ) -> bool:
-        from agl_bridge.trainer.serving.publisher import load_and_probe, served_name
+        from agl_bridge.trainer.serving.publisher import free_name, load_and_probe, served_name
         from agl_bridge.trainer.serving.validation import validate_adapter
 
         cfg = self.cfg
@@ -621,7 +623,8 @@ class Loop:
                 continue  # an agent the loop was not told about: not served under an alias
             validate_adapter(directory, base_model=cfg.model,
                              max_lora_rank=cfg.serve.max_lora_rank)
-            candidate[alias] = served_name(directory, alias)
+            candidate[alias] = free_name([self.base_url], served_name(directory, alias),
+                                         Path(directory))
             # recorded before it is loaded: a kill from here on leaves a name to unload
             self.data.setdefault("candidates_loaded", []).append(candidate[alias])
             self.state.save()

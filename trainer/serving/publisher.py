@@ -49,7 +49,8 @@ from agl_bridge.trainer.serving.registry import (
 from agl_bridge.trainer.serving.validation import validate_adapter
 
 __all__ = ["ALIASES_FILE", "HISTORY_FILE", "PublishError", "Publisher", "Version",
-           "load_and_probe", "publish_adapter", "served_name", "validate_adapter"]
+           "free_name", "load_and_probe", "publish_adapter", "served_name",
+           "validate_adapter"]
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
@@ -128,6 +129,27 @@ def _same_adapter(held: str, directory: Path, digest: str) -> bool:
         return False
 
 
+def _earlier_copy(held: str, directory: Path) -> bool:
+    """Whether ``held`` is a content link of ``directory`` itself (its weights before it was
+    written again): the server's copy under the name is this directory's to replace."""
+    return Path(held).parent.parent == directory.parent and \
+        Path(held).name.startswith(f"{directory.name}-")
+
+
+def free_name(servers: list[str], name: str, directory: Path, timeout_s: float = 10.0) -> str:
+    """``name``, or, where a server already serves another adapter under it (another registry
+    or run on the same server), the name with this adapter's digest, ``coder@v3-1a2b3c4d``: two
+    registries never share a served name, and the plain one stays where it is free."""
+    directory = directory.resolve()
+    digest = adapter_digest(directory)
+    for server in servers:
+        held = (served_models(server, timeout_s) or {}).get(name)
+        if held and not _same_adapter(held, directory, digest) and \
+                not _earlier_copy(held, directory):
+            return f"{name}-{digest[:8]}"
+    return name
+
+
 def load_and_probe(servers: list[str], name: str, directory: Path, timeout_s: float = 60.0
                    ) -> None:
     """Load ``directory`` as ``name`` into every server, and check each answers a request to it.
@@ -148,8 +170,7 @@ def load_and_probe(servers: list[str], name: str, directory: Path, timeout_s: fl
             if status != 200:  # "already loaded": success only if it is this adapter
                 held = (served_models(server, timeout_s) or {}).get(name)
                 if held and not _same_adapter(held, directory, digest):
-                    if Path(held).parent.parent != directory.parent or not \
-                            Path(held).name.startswith(f"{directory.name}-"):
+                    if not _earlier_copy(held, directory):
                         raise NameTaken(
                             f"{root} already serves {name} from {held}, not {directory}: a "
                             f"server keeps the weights it loaded first under a name. Unload it "
@@ -284,7 +305,8 @@ class Publisher:
         directory = Path(adapter_dir).resolve()
         validate_adapter(directory, base_model=self.base_model, max_lora_rank=self.max_lora_rank)
         alias = alias or directory.parent.name
-        name = served_name(directory, alias)
+        name = free_name(self.servers, served_name(directory, alias), directory,
+                         self.timeout_s)
         self._load(alias, name, self._pin(alias, name, directory))
         with self.store.transaction() as st:
             v = st.find(alias, name)
@@ -307,6 +329,9 @@ class Publisher:
         killed mid-unload may have removed it from a server)."""
         number = str(version).split("@v")[-1].lstrip("v")
         name = f"{alias}@v{number}"
+        names = [v.name for v in self.store.read_history().get(alias, [])]
+        if name not in names and number.isdigit():  # published under its digested name
+            name = next((n for n in names if version_number(n) == int(number)), name)
         self._load(alias, name, self._pin(alias, name, None))
         with self.store.transaction() as st:
             v = st.find(alias, name)

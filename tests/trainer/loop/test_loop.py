@@ -521,6 +521,27 @@ def test_one_loop_per_workdir_and_per_registry(tmp_path, tiny):
         Loop(setup(tmp_path, tiny, server, workdir=str(tmp_path / "w"))).release()
 
 
+def test_two_runs_on_one_server_never_share_a_served_name(tmp_path, tiny):
+    """Issue 30.3: a second run (its own workdir and registry) on the same server trained its
+    own ``solver@v1``; "already loaded" served it the first run's weights, in its gate and
+    live. Its version is served as ``solver@v1-<digest>`` in the gate and after the publish;
+    the first run's agents keep theirs."""
+    from agl_bridge.trainer.serving.publisher import adapter_digest
+
+    with server_for(bad=set()) as server:
+        a = Loop(setup(tmp_path / "a", tiny, server, rounds=1)).run()
+        # another run, another adapter (the same settings and data train the same one here,
+        # which may share the name)
+        b = Loop(setup(tmp_path / "b", tiny, server, rounds=1, **{"train.lora_alpha": 4})).run()
+        mine = tmp_path / "b" / "loop" / "adapters" / "solver" / "v0001"
+        own = f"solver@v1-{adapter_digest(mine)[:8]}"
+        assert a["live"] == {"solver": "solver@v1"} and b["live"] == {"solver": own}
+        assert b["rounds"][0]["candidate"] == {"solver": own}
+        assert {k: Path(v).resolve() for k, v in server.adapters.items()} == {
+            "solver@v1": tmp_path / "a" / "loop" / "adapters" / "solver" / "v0001",
+            own: mine}
+
+
 def test_a_candidate_left_loaded_by_a_kill_during_the_gate_is_unloaded(tmp_path, tiny,
                                                                        monkeypatch):
     """Issue 30.3: a kill during the gate left the candidate loaded with no record, never

@@ -247,27 +247,42 @@ def test_a_version_is_marked_unloaded_only_once_every_server_let_it_go(tmp_path)
         assert set(server.adapters) == {"a@v2"}
 
 
-def test_another_registry_publishing_the_same_name_to_the_server_is_refused(tmp_path):
-    """Issue 30.3: "already loaded" counted as success, so a second registry (or `loop --fresh`
-    against a running server) publishing `team@v1` from another directory exited 0 while the
-    server kept the first one's weights. Now the server's copy must be this adapter."""
+def test_another_registry_on_the_same_server_gets_a_name_of_its_own(tmp_path):
+    """Issue 30.3: "already loaded" counted as success, so a second registry (or run)
+    publishing `team@v1` from another directory exited 0 while the server kept the first one's
+    weights. Now a name the server holds with other weights is not reused: the version is
+    served as `team@v1-<digest>`, each registry's agents get their own weights, and a rollback
+    by number finds it. Loading under a name held with other weights is `NameTaken`."""
+    from agl_bridge.trainer.serving.errors import NameTaken
+    from agl_bridge.trainer.serving.publisher import adapter_digest, load_and_probe
+
     with ScriptedServer(lora=True) as server:
         first = write_adapter(tmp_path / "x" / "team" / "v0001")
         Publisher([server.base_url], tmp_path / "reg-a").publish(first, alias="team")
+        theirs = write_adapter(tmp_path / "y" / "team" / "v0001",
+                               config_overrides={"lora_alpha": 7})
+        with pytest.raises(NameTaken, match=r"already serves team@v1 from .*x/team/.loaded/"
+                                            r"v0001-[0-9a-f]{16}, not .*y/team/v0001.*Unload "
+                                            r"it there"):
+            load_and_probe([server.base_url], "team@v1", theirs)
         other = Publisher([server.base_url], tmp_path / "reg-b")
-        with pytest.raises(PublishError, match=r"already serves team@v1 from .*x/team/.loaded/"
-                                               r"v0001-[0-9a-f]{16}, not .*y/team/v0001.*Unload "
-                                               r"it there"):
-            other.publish(write_adapter(tmp_path / "y" / "team" / "v0001",
-                                        config_overrides={"lora_alpha": 7}), alias="team")
-        assert AliasTable(tmp_path / "reg-b" / "aliases.json").read()["aliases"] == {}
-        # the same directory from another registry is the same adapter: taken; so is a copy of
-        # it elsewhere (the same content digest)
-        assert other.publish(first, alias="team") == "team@v1"
+        own = f"team@v1-{adapter_digest(theirs)[:8]}"
+        assert other.publish(theirs, alias="team") == own
+        assert AliasTable(tmp_path / "reg-b" / "aliases.json").read()["aliases"] == {
+            "team": own}
+        assert AliasTable(tmp_path / "reg-a" / "aliases.json").read()["aliases"] == {
+            "team": "team@v1"}
+        assert {k: Path(v).resolve() for k, v in server.adapters.items()} == {
+            "team@v1": first, own: theirs}
+        assert other.rollback("team", "v1") == own  # by number: the history knows its name
+        # the same directory from another registry is the same adapter: taken as it is; so is
+        # a copy of it elsewhere (the same content digest)
+        assert Publisher([server.base_url], tmp_path / "reg-c").publish(first, alias="team") \
+            == "team@v1"
         copy = write_adapter(tmp_path / "z" / "team" / "v0001")
-        assert Publisher([server.base_url], tmp_path / "reg-c").publish(copy, alias="team") == \
+        assert Publisher([server.base_url], tmp_path / "reg-d").publish(copy, alias="team") == \
             "team@v1"
-        assert server.loads == 1
+        assert server.loads == 2
 
 
 def test_a_directory_written_again_in_place_replaces_its_old_weights_on_the_server(tmp_path):
