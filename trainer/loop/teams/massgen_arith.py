@@ -130,7 +130,8 @@ async def play(task: dict[str, Any], rollout: int, args: argparse.Namespace,
         a=a, b=b, story=task.get("story") or make_story(a, b, task["task_id"]))
     config = massgen_config(args.base_url, temperature=args.temperature,
                             max_tokens=args.max_tokens, structured=args.structured,
-                            agents=args.agents, answer_format=args.answer_format)
+                            agents=args.agents, answer_format=args.answer_format,
+                            max_answers=args.max_answers)
     async with sem:
         with agl_bridge.episode(task_id=task["task_id"]) as episode_id:
             t0 = time.perf_counter()
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-tokens", type=int, default=int(env("AGL_BRIDGE_MAX_TOKENS") or 96))
     ap.add_argument("--concurrency", type=int, default=8, help="MassGen runs at once")
     ap.add_argument("--agents", nargs="+", default=list(AGENTS))
+    ap.add_argument("--max-answers", type=int, default=2,
+                    help="new answers per agent; past them it may only vote (MassGen's "
+                         "max_new_answers_per_agent)")
     ap.add_argument("--question", choices=sorted(QUESTIONS), default="story",
                     help="story: a word problem with distracting numbers; sum: a plain a + b")
     ap.add_argument("--answer-format", choices=sorted(ANSWER_FORMATS), default="equation",

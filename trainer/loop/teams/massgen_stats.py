@@ -4,7 +4,9 @@ restarts, and how many of each agent's replies were valid workflow tool calls.
 Read from the span Parquet the MassGen team wrote (``integrations/massgen.py``): a reply is
 one ``chat`` span of the agent; a refused one also has a failed ``execute_tool`` span on the
 same agent (MassGen's enforcement event: no tool call, a tool not offered, an answer past the
-limit, a vote for no agent), so valid replies = replies - refusals. ``policy_versions`` names
+limit, a vote for no agent), so valid replies = replies - refusals; a well-formed reply is one
+the server returned as a tool call at all (``agl_bridge.llm.tool_call.names``: vLLM's tool
+parser found one), valid or not. ``policy_versions`` names
 the versions that answered each agent (the span's ``policy_version``), which is how a test or
 a report tells which adapters served a run.
 """
@@ -25,7 +27,7 @@ from agl_bridge import semconv as sc
 from agl_bridge.parquet_io import iter_parquet_files
 
 COLUMNS = ["name", "episode_id", "agent_name", "operation_name", "status_code",
-           "coordination_round", "policy_version"]
+           "coordination_round", "policy_version", "attributes"]
 
 
 @dataclass
@@ -38,6 +40,7 @@ class EpisodeStats:
     votes: int = 0
     replies: Counter = field(default_factory=Counter)  # agent -> chat calls
     refused: Counter = field(default_factory=Counter)  # agent -> replies MassGen refused
+    well_formed: Counter = field(default_factory=Counter)  # agent -> replies with a tool call
     versions: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
 
@@ -69,6 +72,8 @@ def episode_stats(spans: Path | Iterable[Path] | pa.Table) -> dict[str, EpisodeS
             st.votes += 1
         elif r["operation_name"] == sc.OP_CHAT and agent:
             st.replies[agent] += 1
+            attributes = json.loads(r["attributes"] or "{}")
+            st.well_formed[agent] += bool(attributes.get(sc.LLM_TOOL_CALL_NAMES))
             if r["policy_version"]:
                 st.versions[agent].add(r["policy_version"])
         elif r["operation_name"] == sc.OP_EXECUTE_TOOL and agent and r["status_code"] == "ERROR":
@@ -81,10 +86,12 @@ def summary(stats: Mapping[str, EpisodeStats]) -> dict[str, Any]:
     n = max(len(stats), 1)
     replies: Counter = Counter()
     refused: Counter = Counter()
+    formed: Counter = Counter()
     versions: dict[str, set[str]] = defaultdict(set)
     for st in stats.values():
         replies.update(st.replies)
         refused.update(st.refused)
+        formed.update(st.well_formed)
         for agent, seen in st.versions.items():
             versions[agent] |= seen
     return {"episodes": len(stats),
@@ -92,6 +99,8 @@ def summary(stats: Mapping[str, EpisodeStats]) -> dict[str, Any]:
             "restarts": sum(s.restarts for s in stats.values()) / n,
             "valid_tool_calls": {a: round(1 - min(refused[a], k) / k, 4)
                                  for a, k in sorted(replies.items()) if k},
+            "well_formed_tool_calls": {a: round(formed[a] / k, 4)
+                                       for a, k in sorted(replies.items()) if k},
             "replies": dict(sorted(replies.items())),
             "policy_versions": {a: sorted(v) for a, v in sorted(versions.items())}}
 
