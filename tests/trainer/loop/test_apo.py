@@ -111,11 +111,18 @@ def test_a_better_prompt_is_found_gated_and_published(tmp_path):
 
 
 def test_nothing_worse_is_published(tmp_path):
+    """Also: the held-out runs follow the alias table given (the loop's live adapters)."""
     world = World(["Be polite.", "Be brief."])
+    (tmp_path / "aliases.json").write_text(json.dumps({"aliases": {"base": "solver@v3"}}))
     with ScriptedServer(vllm=True, script=world) as server:
         traces = stored_traces(tmp_path, server)
+        stored = len(server.requests)
         (o,) = run_apo(traces, config(tmp_path, server, beam_width=1, branch_factor=2,
-                                      beam_rounds=1), tmp_path / "apo")
+                                      beam_rounds=1), tmp_path / "apo",
+                       aliases=tmp_path / "aliases.json")
+    team = [b for b in server.requests[stored:]
+            if b["messages"][0]["content"] not in (CRITIQUE_SYSTEM, REWRITE_SYSTEM)]
+    assert len(team) == 18 and {b["model"] for b in team} == {"solver@v3"}
     assert o.published is None and o.best == "root"
     assert not (tmp_path / "reg/prompts.json").exists()  # no table: agents keep their own
     assert len((tmp_path / "apo/solver/candidates.jsonl").read_text().splitlines()) == 3

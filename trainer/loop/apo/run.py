@@ -84,10 +84,12 @@ def _tasks(path: str, n: int) -> list[dict[str, Any]]:
 
 
 def run_apo(traces: str | Path, config: ApoConfig, workdir: str | Path, *,
-            optimizer: Optimizer | None = None,
+            optimizer: Optimizer | None = None, aliases: Path | None = None,
             log: Callable[[str], None] = lambda m: print(f"apo: {m}", file=sys.stderr)
             ) -> list[AgentOutcome]:
-    """Optimise each of ``config.agents``' prompts in turn; see the module's docstring."""
+    """Optimise each of ``config.agents``' prompts in turn; see the module's docstring.
+    ``aliases``: the alias table the team's held-out runs follow (the loop's live adapters;
+    unset: whatever ``AGL_BRIDGE_ALIASES`` this process has)."""
     missing = config.missing()
     if missing:
         raise ApoError(f"apo needs {', '.join(missing)} (flags or --config)")
@@ -105,7 +107,7 @@ def run_apo(traces: str | Path, config: ApoConfig, workdir: str | Path, *,
     outcomes = []
     for agent in config.agents:
         outcomes.append(_one_agent(agent, traces, stored, tasks, config, registry, optimizer,
-                                   work / agent, rng, log))
+                                   work / agent, rng, aliases, log))
     (work / "apo.json").write_text(json.dumps(
         [o.__dict__ for o in outcomes], indent=2))
     return outcomes
@@ -113,7 +115,7 @@ def run_apo(traces: str | Path, config: ApoConfig, workdir: str | Path, *,
 
 def _one_agent(agent: str, traces: str | Path, stored: dict[str, float],
                tasks: list[dict[str, Any]], config: ApoConfig, registry: PromptRegistry,
-               optimizer: Optimizer, work: Path, rng: random.Random,
+               optimizer: Optimizer, work: Path, rng: random.Random, aliases: Path | None,
                log: Callable[[str], None]) -> AgentOutcome:
     pool = transcripts(traces, stored, max_chars=config.max_episode_chars,
                        tokenizer=config.tokenizer, agent=agent)
@@ -146,7 +148,7 @@ def _one_agent(agent: str, traces: str | Path, stored: dict[str, float],
         out.mkdir(parents=True, exist_ok=True)
         (out / "prompts.json").write_text(json.dumps(table, indent=2))
         run = run_team(config.team or "", tasks, out, base_url=config.base_url or "",
-                       aliases=None, rollouts=config.rollouts, temperature=config.temperature,
+                       aliases=aliases, rollouts=config.rollouts, temperature=config.temperature,
                        service=f"apo-{agent}",
                        extra_env={PROMPTS_ENV: str(out / "prompts.json"),
                                   "AGL_BRIDGE_CAPTURE": "messages"})

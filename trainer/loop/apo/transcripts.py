@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agl_bridge.trainer.conversion.sources import Source
 from agl_bridge.trainer.judging.spans import read_episodes, tokenizer_decoder
 from agl_bridge.trainer.rewards.judge import shorten
 
@@ -29,7 +30,7 @@ class Transcript:
     system: str | None = None  # the agent's first system message, whole
 
 
-def converted_rewards(source: str | Path) -> dict[str, float]:
+def converted_rewards(source: Source) -> dict[str, float]:
     """Episode -> mean transition reward, through conversion (episodes with no reward from
     any source are left out)."""
     import math
