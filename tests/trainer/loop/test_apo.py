@@ -25,6 +25,7 @@ from agl_bridge.trainer.loop.apo.optimizer import (
 from agl_bridge.trainer.loop.apo.run import ApoError, run_apo
 from agl_bridge.trainer.loop.apo.search import Candidate, beam_search, best
 from agl_bridge.trainer.loop.apo.transcripts import Transcript, best_and_worst
+from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
 from agl_bridge.trainer.loop.gate import Scores
 from agl_bridge.trainer.loop.team import run_team
 from agl_bridge.trainer.serving.prompts import PromptRegistry
@@ -108,6 +109,12 @@ def test_a_better_prompt_is_found_gated_and_published(tmp_path):
     assert world.team_systems.count(GOOD) == 6  # the swap gave the solver the candidate
     history = json.loads((tmp_path / "reg/prompt_history.json").read_text())["solver"]
     assert "held-out 1.000 vs 0.000" in history[-1]["note"]
+    # the spans say which prompt version served each episode
+    root_runs = episode_prompt_versions(tmp_path / "apo/solver/root/spans")
+    assert len(root_runs) == 6 and set(root_runs.values()) == {"solver@p0"}
+    assert set(episode_prompt_versions(tmp_path / f"apo/solver/{winner}/spans").values()) == \
+        {"solver@p1"}
+    assert episode_prompt_versions(traces) == {}  # stored before any table was set
 
 
 def test_nothing_worse_is_published(tmp_path):
