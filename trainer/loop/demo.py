@@ -119,8 +119,8 @@ def team_commands(task: str, branch: int = 0) -> tuple[str, str]:
     """(training rollouts' command, held-out and gate evaluations' command). Evaluations never
     branch: a branch chooses with the task's answer, which evaluation must not see."""
     module = TEAMS[task]
-    if branch and task != "relay":
-        raise SystemExit("agl-bridge demo: --branch is for --task relay")
+    if branch and task not in ("relay", "flow"):
+        raise SystemExit("agl-bridge demo: --branch is for --task relay or flow")
     plain = f"python -m {module} --reward {task}"
     return (f"{plain} --branch {branch}" if branch else plain), plain
 

@@ -27,8 +27,9 @@ class DemoConfig:
                    "(both roles needed); flow: a planner writes a workflow (a DAG) for a price "
                    "question, an executor carries out each step with a calculator or a price "
                    "list; lower: a toy reward a random model can learn (default for tiny)")
-    branch: int = setting(0, help="--task relay: tree sampling, the reader's turn sampled K "
-                                   "ways per episode and the best continued (0: off)")
+    branch: int = setting(0, help="tree sampling in training rollouts, K ways per episode and "
+                                   "the best continued (0: off): --task relay, the reader's "
+                                   "turn; --task flow, the planner's workflow")
     seed: int = setting(0, help="draws the held-out and training tasks (and the tiny model); "
                                 "seeds training unless --train.seed is given")
     eval_size: int = setting(100, help="held-out tasks, drawn before any training, never "

@@ -258,3 +258,24 @@ def test_the_workflow_measures_and_the_demo_summary_of_them():
                    {**stats, "measures": before}, {**stats, "measures": after})
     assert "  valid plans: 50.0% [" in text and "] -> 100.0% [" in text
     assert "  steps per valid plan: 3.00 [3.00, 3.00] -> 1.50 [" in text
+
+
+def test_branch_has_the_planner_write_k_workflows_and_the_best_checked_one_runs(tmp_path):
+    with ScriptedServer(vllm=True, script=_script(), completion_ids=[5, 6]) as server:
+        run = run_team(f"{TEAM} --branch 3", _tasks(), tmp_path / "run",
+                       base_url=server.base_url, aliases=None, timeout_s=300)
+    assert all(r["success"] and r["plan_valid"] for r in run.results)
+    planner = [b for b in server.requests if b["model"] == "planner"]
+    assert [b.get("n") for b in planner] == [3] * 3
+    assert all(b.get("n") is None for b in server.requests if b["model"] == "executor")
+    out = tmp_path / "t.parquet"
+    convert(list((tmp_path / "run" / "spans").rglob("*.parquet")), out,
+            ConvertConfig(algorithm="at_grpo", recipe=recipe_from_dict(RECIPE)))
+    t = pq.read_table(out).to_pylist()
+    candidates = [r for r in t if r["agent_name"] == "planner"]
+    assert sorted(r["candidate_index"] for r in candidates) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    score = flow.plan_score(0.5)
+    good = type("Choice", (), {"message": type("M", (), {"content": gold_plan(
+        {"kind": "price", "items": ["fig"]})})()})()
+    bad = type("Choice", (), {"message": type("M", (), {"content": "[]"})()})()
+    assert (score(good), score(bad)) == (0.5, 0.0)

@@ -151,6 +151,15 @@ async def ask(client: Any, model: str, messages: list[dict[str, str]], regex: st
     return reply.choices[0].message.content or ""
 
 
+def plan_score(credit: float) -> Any:
+    """How tree sampling scores a candidate plan: ``credit`` x the share of the checks it
+    passes (no answer is used, so held-out runs could branch too, as Flow's ``init_workflow``
+    picks among generated workflows)."""
+    def score(choice: Any) -> float:
+        return credit * check(choice.message.content or "").progress
+    return score
+
+
 async def run_step(wf: Workflow, step_id: str, after: tuple[str, ...], task: str,
                    suggested: str | None, planned: bool, results: dict[str, int | None],
                    client: Any, args: argparse.Namespace, calls: list[tuple[bool, bool]],
@@ -191,12 +200,18 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
         with Workflow(task_id=task["task_id"]) as wf:
             episode_id = agl_bridge.current_episode_id()
             with agl_bridge.agent(PLANNER), agl_bridge.turn(0):
-                reply = await ask(client, args.planner_model, planner_messages(q), PLAN_REGEX,
-                                  args, args.plan_tokens)
+                if args.branch:  # K candidate workflows, the one that passes most checks runs
+                    with agl_bridge.branch(args.branch, plan_score(args.plan_credit)):
+                        reply = await ask(client, args.planner_model, planner_messages(q),
+                                          PLAN_REGEX, args, args.plan_tokens)
+                else:
+                    reply = await ask(client, args.planner_model, planner_messages(q),
+                                      PLAN_REGEX, args, args.plan_tokens)
             plan = check(reply)
-            with agl_bridge.agent(PLANNER):  # partial credit for the checks its plan passed
-                agl_bridge.emit_reward({"plan": args.plan_credit * plan.progress},
-                                       scope="agent")
+            if not args.branch:  # partial credit for the checks its plan passed (branched:
+                with agl_bridge.agent(PLANNER):  # each candidate's own score is its credit)
+                    agl_bridge.emit_reward({"plan": args.plan_credit * plan.progress},
+                                           scope="agent")
             wf.plan(PLANNER, valid=plan.valid, problem=plan.problem,
                     nodes=len(plan.steps) if plan.valid else None,
                     edges=plan.edges if plan.valid else None,
@@ -290,6 +305,10 @@ def main() -> None:
     ap.add_argument("--plan-credit", type=float, default=0.5,
                     help="the planner's reward for a plan that passes every check; a plan "
                          "that fails one gets the share of the checks it passed before")
+    ap.add_argument("--branch", type=int, default=0, metavar="K",
+                    help="tree sampling: the planner writes K candidate workflows in one "
+                         "request, each scored by the checks it passes, and the best runs "
+                         "(0: off)")
     ap.add_argument("--reward", choices=("flow",), default="flow",
                     help="accepted for the demo's team command; this team has one reward")
     args = ap.parse_args()
