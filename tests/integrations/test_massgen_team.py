@@ -94,7 +94,9 @@ def test_refused_reply_is_a_failed_tool_call_on_its_turn(team_run):
                                            "agent_b": round(1 - 1 / b_replies, 4)}
     # the model that answered, as the server named it (vLLM: the adapter version)
     assert summary["policy_versions"] == {"agent_a": ["agent_a"], "agent_b": ["agent_b"]}
-    assert episode.votes == 2 and episode.answers == 2
+    # each agent votes at least once; a vote that a later answer's restart voided is cast
+    # again, which depends on MassGen's timing (3 votes seen in CI at load 5-13)
+    assert episode.answers == 2 and episode.votes >= 2
 
 
 def test_recipe_gives_the_design_rewards(team_run, tmp_path):
