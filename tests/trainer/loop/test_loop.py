@@ -22,21 +22,10 @@ from agl_bridge.trainer.loop.engine import Loop, LoopCallback
 from agl_bridge.trainer.loop.gate import Scores, gate, gate_team_and_roles, paired
 from agl_bridge.trainer.loop.team import role_scores, write_tasks
 from agl_bridge.trainer.loop.watch import watch
+from tests.loop_server import server_for
 from tests.paths import AGENTS
-from tests.scripted_server import ScriptedServer
 
 TEAM = f"python {AGENTS / 'loop_team.py'}"
-
-
-def server_for(bad: set[str]) -> ScriptedServer:
-    """A vLLM stand-in whose named versions answer wrongly and all others rightly."""
-    def script(body):
-        if body["model"] in bad:
-            return "no", []
-        match = re.search(r"say (\d+)", body["messages"][-1]["content"])
-        return (match.group(1) if match else "ok"), []
-    return ScriptedServer(vllm=True, lora=True, base_model="base", script=script,
-                          completion_ids=[11, 12])
 
 
 def setup(tmp_path, tiny, server, **settings):

@@ -2,7 +2,6 @@
 tiny model, with a scripted server in vLLM's place, scraped over HTTP as Prometheus would."""
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -19,23 +18,12 @@ from agl_bridge.trainer.loop.engine import Loop
 from agl_bridge.trainer.loop.metrics import MetricsCallback
 from agl_bridge.trainer.loop.team import write_tasks
 from tests.feedback_runs import clean_env
+from tests.loop_server import server_for as server_answering_wrongly_as
 from tests.otlp_helpers import free_port
 from tests.paths import AGENTS
-from tests.scripted_server import ScriptedServer
 
 TEAM = f"python {AGENTS / 'loop_team.py'}"
 EXE = Path(sys.executable).with_name("agl-bridge")
-
-
-def server_answering_wrongly_as(bad):
-    """A vLLM stand-in whose named versions answer wrongly and all others rightly."""
-    def script(body):
-        if body["model"] in bad:
-            return "no", []
-        match = re.search(r"say (\d+)", body["messages"][-1]["content"])
-        return (match.group(1) if match else "ok"), []
-    return ScriptedServer(vllm=True, lora=True, base_model="base", script=script,
-                          completion_ids=[11, 12])
 
 
 def settings(tmp_path, tiny, server):

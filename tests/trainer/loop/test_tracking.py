@@ -5,7 +5,6 @@ scripted server stands in for vLLM and answers wrongly for the first candidate, 
 refuses it and publishes the second."""
 
 import json
-import re
 
 from mlflow import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -13,18 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from agl_bridge.cli import main
 from agl_bridge.trainer.loop.team import write_tasks
 from agl_bridge.trainer.loop.tracking import live_numbers
+from tests.loop_server import server_for as scripted
 from tests.paths import AGENTS
-from tests.scripted_server import ScriptedServer
-
-
-def scripted(bad: set[str]) -> ScriptedServer:
-    def script(body):
-        if body["model"] in bad:
-            return "no", []
-        match = re.search(r"say (\d+)", body["messages"][-1]["content"])
-        return (match.group(1) if match else "ok"), []
-    return ScriptedServer(vllm=True, lora=True, base_model="base", script=script,
-                          completion_ids=[11, 12])
 
 
 def test_the_loop_reports_rounds_and_each_rounds_training(tmp_path, tiny, monkeypatch):
