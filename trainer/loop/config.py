@@ -62,8 +62,8 @@ class WatchConfig:
     """The live reward of a new version against the previous one (``watch.py``)."""
 
     episodes: int = setting(32, help="rewarded episodes of the new version before judging it")
-    margin: float = setting(0.05, help="how much lower its mean reward may be, beyond noise, "
-                                       "before it is rolled back")
+    margin: float = setting(0.0, help="how much lower its mean reward may be before it is "
+                                      "rolled back, beyond noise (0: any drop beyond noise)")
     window: int = setting(3, help="compared with the best of the last this many versions "
                                   "(1: the previous one only): a slide over several versions, "
                                   "each step within noise, is rolled back too")

@@ -7,8 +7,11 @@ Each round:
    live trace directory (``traces``; a span file is used once ``settle_s`` old, so feedback that
    follows an episode has time to arrive);
 2. **watch**: the live rewards those episodes got, by the adapter version that served them; if
-   the version published last does worse than the one before it beyond noise and a margin
-   (``watch.py``), it is rolled back, and the reason recorded;
+   the version published last does worse than the best recent one beyond noise (and
+   ``watch.margin``; ``watch.py``), it is rolled back, and the reason recorded. Until it has
+   served ``watch.episodes`` rewarded episodes and been judged, the round stops here: nothing
+   is trained or published, and the round's episodes are kept for the next (one change at a
+   time, so a version is never replaced before its users' rewards have been compared);
 3. **train**: ``train_from_traces`` from the live adapters (rewards inline, feedback, recipe,
    judges' scores; the configured baseline);
 4. **gate**: the candidate is served under its own version name and evaluated on the held-out
@@ -87,22 +90,22 @@ def version_key(aliases: dict[str, str]) -> str:
     return ",".join(sorted(set(aliases.values())))
 
 
-def episode_versions(transitions: Path) -> dict[str, list[float]]:
-    """Version key -> per-episode mean reward, from a transitions file (the policy versions
-    that served the episode's calls)."""
+def episode_versions(transitions: Path) -> dict[str, tuple[str, float]]:
+    """Episode id -> (version key, mean reward), from a transitions file (the key: the policy
+    versions that served the episode's calls)."""
     import pyarrow.parquet as pq
 
     rows = pq.read_table(transitions, columns=["episode_id", "policy_version", "reward"])
     by_episode: dict[str, tuple[set[str], list[float]]] = {}
     for e, v, r in zip(*(rows[c].to_pylist() for c in ("episode_id", "policy_version",
                                                         "reward"))):
+        if r is None:
+            continue
         versions, rewards = by_episode.setdefault(e, (set(), []))
         versions.add(v or BASE)
         rewards.append(r)
-    out: dict[str, list[float]] = {}
-    for versions, rewards in by_episode.values():
-        out.setdefault(",".join(sorted(versions)), []).append(math.fsum(rewards) / len(rewards))
-    return out
+    return {e: (",".join(sorted(versions)), math.fsum(rewards) / len(rewards))
+            for e, (versions, rewards) in by_episode.items() if rewards}
 
 
 SHARED_ADAPTER = "policy"  # the adapter a shared policy trains (train_from_traces' adapter_name)
@@ -308,13 +311,25 @@ class Loop:
         sources = self._collect(r, rdir, record)
         if sources is None:
             return False
-        for callback in self.callbacks:
-            callback.on_train_begin(self)
-        try:
-            trained = self._train(r, rdir, sources, record)
-        finally:
+        if self._unjudged() is not None:
+            self._watch(record, self._transitions_for_watch(rdir, sources))
+        if self._unjudged() is not None:  # one change at a time: judge the live one first
+            held = self.data.setdefault("held_sources", [])
+            held += [str(s) for s in sources]
+            record["held"] = (f"the watch has not judged {version_key(self.data['live'])} "
+                              f"yet: {record['watch']['reason']}")
+            log(f"round {r}: no training, nothing published: {record['held']}")
+            trained = None
+        else:
+            sources = [Path(s) for s in self.data.get("held_sources", [])] + sources
             for callback in self.callbacks:
-                callback.on_train_end(self)
+                callback.on_train_begin(self)
+            try:
+                trained = self._train(r, rdir, sources, record)
+            finally:
+                for callback in self.callbacks:
+                    callback.on_train_end(self)
+            self.data.pop("held_sources", None)
         if trained is not None:
             self._watch(record, Path(trained["transitions_path"]))
             adapters = self._agent_adapters(trained["adapters"])
@@ -679,21 +694,46 @@ class Loop:
         self.data["events"].append({"round": r, "event": "published", "versions": published,
                                     "previous": previous, "time": time.time()})
 
-    def _watch(self, record: dict[str, Any], transitions: Path) -> None:
-        """This round's episodes' rewards by the versions that served them; the version
-        published last is judged against the one before it, and rolled back if worse."""
-        cfg = self.cfg
-        for key, rewards in episode_versions(transitions).items():
-            kept = self.data["rewards"].setdefault(key, [])
-            kept += rewards
-            del kept[:-RECENT]
+    def _unjudged(self) -> dict[str, Any] | None:
+        """The last publish event while its versions are live and the watch has not judged
+        them yet (kept or rolled back)."""
         published = [e for e in self.data["events"] if e["event"] == "published"]
-        if not published:
-            return
+        if not published or published[-1].get("watched"):
+            return None
         last = published[-1]
-        current_key = version_key({**last["previous"], **last["versions"]})
-        if current_key != version_key(self.data["live"]) or last.get("watched"):
+        live = version_key({**last["previous"], **last["versions"]})
+        return last if live == version_key(self.data["live"]) else None
+
+    def _transitions_for_watch(self, rdir: Path, sources: list[Path]) -> Path:
+        """The round's episodes as transitions, rewarded as training would reward them, for a
+        watch that runs before (or instead of) training."""
+        from agl_bridge.trainer.conversion import convert
+
+        out = rdir / "watch" / "transitions.parquet"
+        convert(sources, out, self.cfg.convert, evaluations_from=self.cfg.traces)
+        return out
+
+    def _watch(self, record: dict[str, Any], transitions: Path) -> None:
+        """This round's episodes' rewards by the versions that served them (each episode
+        once, however many rounds read it); the version published last is judged against the
+        best recent one, and rolled back if worse."""
+        cfg = self.cfg
+        seen = self.data.setdefault("watched_episodes", [])
+        known = set(seen)
+        if transitions.is_file():
+            for episode, (key, reward) in episode_versions(transitions).items():
+                if episode in known:
+                    continue
+                seen.append(episode)
+                kept = self.data["rewards"].setdefault(key, [])
+                kept.append(reward)
+                del kept[:-RECENT]
+            del seen[:-RECENT * 8]
+        last = self._unjudged()
+        if last is None:
             return
+        current_key = version_key({**last["previous"], **last["versions"]})
+        published = [e for e in self.data["events"] if e["event"] == "published"]
         recent = [e["previous"] for e in published[-cfg.watch.window:]]  # live before each
         rewards = self.data["rewards"]
         target = recent[best_recent([(version_key(s), rewards.get(version_key(s), []))

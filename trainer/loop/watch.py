@@ -54,7 +54,7 @@ def best_recent(recent: Sequence[tuple[str, Sequence[float]]]) -> int:
     return max(scored)[1] if scored else len(recent) - 1
 
 
-def watch(previous: Sequence[float], current: Sequence[float], *, margin: float = 0.05,
+def watch(previous: Sequence[float], current: Sequence[float], *, margin: float = 0.0,
           min_episodes: int = 32) -> WatchDecision:
     """``previous``: rewards of the episodes the previous version served; ``current``: of
     those the new version served since it went live."""

@@ -116,6 +116,25 @@ def test_the_watch_rolls_back_a_version_whose_live_reward_dropped(tmp_path, tiny
     assert r1["published"] == {"solver": "solver@v2"} and data["live"] == {"solver": "solver@v2"}
 
 
+def test_nothing_is_published_until_the_watch_has_judged_the_live_version(tmp_path, tiny):
+    """Issue 30: in the production demo v2 replaced v1 when the watch had seen 32 of the 64
+    episodes it waits for, and v1's users had done worse. One change at a time: a round whose
+    live version is not judged yet trains and publishes nothing; its episodes are kept, trained
+    on in the next round, and counted once by the watch."""
+    with server_for(bad={"solver@v1"}) as server:
+        data = Loop(setup(tmp_path, tiny, server, eval_tasks=None, rounds=3,
+                          **{"gate.rule": "off", "watch.episodes": 12})).run()
+    r0, r1, r2 = data["rounds"]
+    assert r0["published"] == {"solver": "solver@v1"}
+    assert "8 of 12 episodes" in r1["held"] and r1["watch"]["verdict"] == "wait"
+    assert "trained" not in r1 and "published" not in r1 and r1["live_after"] == r0["live_after"]
+    assert r2["watch"]["verdict"] == "rollback" and r2["watch"]["n_current"] == 16
+    assert r2["transitions"] == 2 * r0["transitions"]  # round 1's episodes trained on too
+    assert len(data["rewards"]["solver@v1"]) == 16  # each episode once, though read twice
+    assert r2["published"] == {"solver": "solver@v2"} and data["live"] == {"solver": "solver@v2"}
+    assert "held_sources" not in data
+
+
 def test_a_killed_loop_goes_on_from_its_state(tmp_path, tiny):
     with server_for(bad=set()) as server:
         cfg = setup(tmp_path, tiny, server, rounds=3, **{"gate.rule": "off"})
