@@ -24,6 +24,7 @@ REWRITE_SYSTEM = (
     "You rewrite the system prompt of an LLM agent so that it follows a critique. Keep what "
     "works, change what the critique asks for, keep it short. Answer with the new prompt only, "
     "between <prompt> and </prompt>.")
+NO_PROMPT = "(none: the agent runs without a system prompt)"
 PROMPT_TAGS = re.compile(r"<prompt>(.*?)(?:</prompt>|$)", re.DOTALL)
 
 
@@ -40,15 +41,16 @@ def critique_messages(agent: str, prompt: str, best: Sequence[Transcript],
                       worst: Sequence[Transcript]) -> list[dict[str, str]]:
     body = "\n\n".join(p for p in (
         f"The agent is `{agent}`; lines starting with [{agent}] are its messages.",
-        f"## Its current system prompt\n{prompt}",
+        f"## Its current system prompt\n{prompt or NO_PROMPT}",
         _episodes("Episodes with the highest rewards", best),
         _episodes("Episodes with the lowest rewards", worst)) if p)
     return [{"role": "system", "content": CRITIQUE_SYSTEM}, {"role": "user", "content": body}]
 
 
 def rewrite_messages(agent: str, prompt: str, critique: str) -> list[dict[str, str]]:
-    body = (f"The agent is `{agent}`.\n\n## Its current system prompt\n{prompt}\n\n"
-            f"## The critique\n{critique}\n\nWrite the improved system prompt.")
+    body = (f"The agent is `{agent}`.\n\n## Its current system prompt\n"
+            f"{prompt or NO_PROMPT}\n\n## The critique\n{critique}\n\n"
+            "Write the improved system prompt.")
     return [{"role": "system", "content": REWRITE_SYSTEM}, {"role": "user", "content": body}]
 
 

@@ -22,13 +22,13 @@ import json
 import os
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_name
-from agl_bridge.trainer.loop.apo.config import ApoConfig
+from agl_bridge.trainer.loop.apo.config import ApoConfig, ApoSearchConfig
 from agl_bridge.trainer.loop.apo.optimizer import Optimizer
 from agl_bridge.trainer.loop.apo.search import Candidate, beam_search, best
 from agl_bridge.trainer.loop.apo.transcripts import (
@@ -97,37 +97,91 @@ def run_apo(traces: str | Path, config: ApoConfig, workdir: str | Path, *,
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     registry = PromptRegistry(config.registry)
-    tasks = _tasks(config.val_tasks, config.val_batch_size)
-    optimizer = optimizer or Optimizer(
-        config.optimizer_base_url or config.base_url, config.gradient_model,
-        config.apply_edit_model or config.gradient_model,
-        api_key=os.environ.get("OPENAI_API_KEY"), timeout_s=config.timeout)
+    scoring = Scoring(config.team, _tasks(config.val_tasks, config.val_batch_size),
+                      config.base_url, aliases, config.rollouts, config.temperature)
+    optimizer = optimizer or optimizer_for(config, config.base_url)
     stored = converted_rewards(traces)
     rng = random.Random(config.seed)
     outcomes = []
     for agent in config.agents:
-        outcomes.append(_one_agent(agent, traces, stored, tasks, config, registry, optimizer,
-                                   work / agent, rng, aliases, log))
+        pool = transcripts(traces, stored, max_chars=config.max_episode_chars,
+                           tokenizer=config.tokenizer, agent=agent)
+        searched = search_agent(agent, pool, search=config, registry=registry,
+                                optimizer=optimizer, scoring=scoring, work=work / agent,
+                                rng=rng, others=live_entries(registry), source=str(traces),
+                                log=log)
+        outcomes.append(_gate_and_publish(searched, config, registry, work / agent, log))
     (work / "apo.json").write_text(json.dumps(
         [o.__dict__ for o in outcomes], indent=2))
     return outcomes
 
 
-def _one_agent(agent: str, traces: str | Path, stored: dict[str, float],
-               tasks: list[dict[str, Any]], config: ApoConfig, registry: PromptRegistry,
-               optimizer: Optimizer, work: Path, rng: random.Random, aliases: Path | None,
-               log: Callable[[str], None]) -> AgentOutcome:
-    pool = transcripts(traces, stored, max_chars=config.max_episode_chars,
-                       tokenizer=config.tokenizer, agent=agent)
+def optimizer_for(search: ApoSearchConfig, base_url: str) -> Optimizer:
+    """The optimizer the settings name (its endpoint: ``optimizer_base_url``, else the
+    team's)."""
+    return Optimizer(search.optimizer_base_url or base_url, search.gradient_model,
+                     search.apply_edit_model or search.gradient_model,
+                     api_key=os.environ.get("OPENAI_API_KEY"), timeout_s=search.timeout)
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How a candidate is scored: the team command on ``tasks``, ``rollouts`` times each at
+    ``temperature``, following the alias table ``aliases``, with a prompt table that gives the
+    agent the candidate."""
+
+    team: str
+    tasks: list[dict[str, Any]]
+    base_url: str
+    aliases: Path | None
+    rollouts: int = 1
+    temperature: float = 0.0
+
+
+@dataclass
+class Searched:
+    """One agent's search: where it started, every candidate tried, the best."""
+
+    agent: str
+    root_version: str  # the live version the search started from
+    trial_version: str  # the name a winner would be published under (what its spans record)
+    root: Candidate
+    tried: list[Candidate]
+    winner: Candidate
+
+    @property
+    def improved(self) -> bool:
+        return self.winner is not self.root
+
+
+def live_entries(registry: PromptRegistry) -> dict[str, dict[str, str]]:
+    """The prompt table's entries for every agent's live version, as the table holds them (p0:
+    no text, the agent's own prompt)."""
+    entries: dict[str, dict[str, str]] = {}
+    for agent, name in registry.read_live().items():
+        text = registry.text(agent, name) if not name.endswith("@p0") else None
+        entries[agent] = {"version": name, **({"text": text} if text else {})}
+    return entries
+
+
+def search_agent(agent: str, pool: list[Transcript], *, search: ApoSearchConfig,
+                 registry: PromptRegistry, optimizer: Optimizer, scoring: Scoring, work: Path,
+                 rng: random.Random, others: Mapping[str, dict[str, str]], source: str,
+                 log: Callable[[str], None], root_scores: Scores | None = None) -> Searched:
+    """The beam search for ``agent``'s prompt from its live version, on ``pool`` (its rewarded
+    episodes) and ``scoring``'s tasks; ``others``: the table entries the other agents get while
+    a candidate plays. ``root_scores``: the live version's scores on those tasks when they are
+    known (the loop's round played them), so the root is not played again. Every candidate is
+    kept under ``work`` (``candidates.jsonl``, ``<id>/prompt.txt``, ``<id>/diff.txt``)."""
     live = registry.read_live()
     root_version = live.get(agent, version_name(agent, 0))
-    root_text = registry.text(agent, root_version) if not root_version.endswith("@p0") else None
-    if root_text is None:
+    root_text = registry.text(agent, root_version)
+    if root_text is None:  # p0, never recorded: the agent's own prompt, as its episodes show
         root_text = next((t.system for t in pool if t.system), None)
-        if root_text is None:
-            raise ApoError(f"{traces}: no system prompt of {agent!r} in its rewarded episodes "
-                           f"(capture at AGL_BRIDGE_CAPTURE=messages)")
-        registry.record_original(agent, root_text, note=f"seen in {traces}")
+        if root_text is not None:
+            registry.record_original(agent, root_text, note=f"seen in {source}")
+        else:  # the agent runs without a system prompt: the search proposes one
+            root_text = ""
     log(f"{agent}: {len(pool)} rewarded episodes; root {root_version}")
     # the number a winner would be published as: what candidates' spans record
     trial_version = version_name(agent, 1 + max(
@@ -135,11 +189,10 @@ def _one_agent(agent: str, traces: str | Path, stored: dict[str, float],
         + [v.number for v in registry.read_history().get(agent, [])]))
 
     def evaluate(c: Candidate) -> tuple[Scores, list[Transcript]]:
+        if c.id == "root" and root_scores is not None:
+            return root_scores, pool
         out = work / c.id
-        entries: dict[str, dict[str, str]] = {}
-        for other, name in live.items():
-            text = registry.text(other, name) if not name.endswith("@p0") else None
-            entries[other] = {"version": name, **({"text": text} if text else {})}
+        entries = {**others}
         entries[agent] = ({"version": root_version} if c.id == "root" and root_version.endswith(
             "@p0") else {"version": root_version if c.id == "root" else trial_version,
                          "text": c.text})
@@ -147,41 +200,52 @@ def _one_agent(agent: str, traces: str | Path, stored: dict[str, float],
         parse_prompts(table)
         out.mkdir(parents=True, exist_ok=True)
         (out / "prompts.json").write_text(json.dumps(table, indent=2))
-        run = run_team(config.team or "", tasks, out, base_url=config.base_url or "",
-                       aliases=aliases, rollouts=config.rollouts, temperature=config.temperature,
-                       service=f"apo-{agent}",
+        run = run_team(scoring.team, scoring.tasks, out, base_url=scoring.base_url,
+                       aliases=scoring.aliases, rollouts=scoring.rollouts,
+                       temperature=scoring.temperature, service=f"apo-{agent}",
                        extra_env={PROMPTS_ENV: str(out / "prompts.json"),
                                   "AGL_BRIDGE_CAPTURE": "messages"})
         scores = Scores(task_scores(run.results), role_scores(run.results))
         try:
             own = transcripts(run.spans, result_rewards(run.results)
                               or converted_rewards(run.spans),
-                              max_chars=config.max_episode_chars, agent=agent)
+                              max_chars=search.max_episode_chars, agent=agent)
         except (ValueError, FileNotFoundError):
             own = []  # its critique reads the stored episodes instead
         return scores, own
 
     def critique(c: Candidate) -> str:
-        good, bad = best_and_worst(c.episodes or pool, config.gradient_batch_size, rng)
+        good, bad = best_and_worst(c.episodes or pool, search.gradient_batch_size, rng)
         return optimizer.critique(agent, c.text, good, bad)
 
     def rewrite(c: Candidate, text: str) -> str | None:
-        return optimizer.rewrite(agent, c.text, text, config.diversity_temperature)
+        return optimizer.rewrite(agent, c.text, text, search.diversity_temperature)
 
     root = Candidate("root", root_text, 0, episodes=pool)
     tried = beam_search(root, evaluate=evaluate, critique=critique, rewrite=rewrite,
-                        beam_width=config.beam_width, branch_factor=config.branch_factor,
-                        rounds=config.beam_rounds, log=lambda m: log(f"{agent}: {m}"))
+                        beam_width=search.beam_width, branch_factor=search.branch_factor,
+                        rounds=search.beam_rounds, log=lambda m: log(f"{agent}: {m}"))
+    work.mkdir(parents=True, exist_ok=True)
     with open(work / "candidates.jsonl", "w") as f:
         for c in tried:
             diff = _diff(root.text, c.text, root_version, c.id)
+            (work / c.id).mkdir(exist_ok=True)
             (work / c.id / "prompt.txt").write_text(c.text)
             (work / c.id / "diff.txt").write_text(diff)
             f.write(json.dumps({**c.as_dict(), "diff": diff}) + "\n")
-    winner = best(tried)
-    outcome = AgentOutcome(agent, root_version, winner.id, None, candidates=len(tried))
-    if winner is root:
-        log(f"{agent}: no candidate beat {root_version} ({root.mean:.3f}); nothing published")
+    return Searched(agent, root_version, trial_version, root, tried, best(tried))
+
+
+def _gate_and_publish(searched: Searched, config: ApoConfig, registry: PromptRegistry,
+                      work: Path, log: Callable[[str], None]) -> AgentOutcome:
+    """The batch job's gate: the best candidate against the root on the tasks it was scored
+    on; published if it passes (and ``publish``)."""
+    agent, root, winner = searched.agent, searched.root, searched.winner
+    outcome = AgentOutcome(agent, searched.root_version, winner.id, None,
+                           candidates=len(searched.tried))
+    if not searched.improved:
+        log(f"{agent}: no candidate beat {searched.root_version} ({root.mean:.3f}); nothing "
+            f"published")
         return outcome
     assert root.scores is not None and winner.scores is not None
     ok, team, roles = gate_team_and_roles(root.scores, winner.scores, [agent],
@@ -192,7 +256,7 @@ def _one_agent(agent: str, traces: str | Path, stored: dict[str, float],
     if ok and config.publish:
         version = registry.publish(agent, winner.text, note=(
             f"apo {work}: {winner.id}, held-out {winner.mean:.3f} vs {root.mean:.3f} "
-            f"({root_version}) on {team.n} tasks"))
+            f"({searched.root_version}) on {team.n} tasks"))
         outcome.published = version.name
         log(f"{agent}: published {version.name}")
     return outcome
