@@ -417,6 +417,7 @@ def summary(data: dict, base: dict, final: dict) -> str:
                         f"{_measure(final['measures'][name])}" for name in base["measures"]]
     for r in data["rounds"]:
         outcome = (", ".join(r["published"].values()) if r.get("published")
+                   else f"held ({r['watch']['reason']})" if r.get("held")
                    else f"refused ({r.get('gate', {}).get('rule', 'not trained')})")
         episodes = r.get("episodes")
         lines.append(f"  round {r['round']}: success "

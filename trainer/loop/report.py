@@ -180,6 +180,8 @@ def _examples(work: Path, n: int = 6) -> str:
 
 def _gate(record: dict) -> str:
     gate = record.get("gate")
+    if record.get("held"):
+        return f"held: {record['watch']['reason']}"  # the live version not judged yet
     if not gate:
         return "–"
     if "low" not in gate:
