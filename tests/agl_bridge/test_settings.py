@@ -240,6 +240,24 @@ def test_print_config_shows_file_flag_and_demo_values(tmp_path):
     assert f"{config}: train.learning_rate = 'x': expected a number" in bad.stderr
 
 
+def test_the_massgen_demo_serves_tool_calls_and_a_flag_still_wins():
+    """``demo --task massgen`` serves MassGen's workflow tool calls (the hermes parser and the
+    chat template the package ships, with room for MassGen's prompts) and answers in 96 tokens;
+    a flag still wins over the demo's value."""
+    from agl_bridge.trainer.loop.teams.massgen_arith import CHAT_TEMPLATE, RECIPE
+
+    assert CHAT_TEMPLATE.is_file() and "[terms.votes]" in RECIPE.replace('"', "")
+    demo = run_cli("demo", "--task", "massgen", "--print-config")
+    assert demo.returncode == 0, demo.stderr
+    lines = demo.stdout.splitlines()
+    for want in ('tool_call_parser = "hermes"', "max_model_len = 4096", "max_tokens = 96",
+                 f'vllm_args = ["--chat-template", "{CHAT_TEMPLATE}"]'):
+        assert any(ln.startswith(want) and ln.endswith("# demo") for ln in lines), want
+    flagged = run_cli("demo", "--task", "massgen", "--max-tokens", "64", "--print-config")
+    assert any(ln.startswith("max_tokens = 64") and ln.endswith("# flag")
+               for ln in flagged.stdout.splitlines())
+
+
 def test_the_cli_parser_builds_without_torch_pyarrow_or_the_demo():
     code = ("import sys; from agl_bridge.cli import build_parser; build_parser(); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'pyarrow', "

@@ -63,6 +63,7 @@ TEAMS: dict[str, str] = {
     "lower": "agl_bridge.trainer.loop.teams.arith",
     "relay": "agl_bridge.trainer.loop.teams.relay",
     "flow": "agl_bridge.trainer.loop.teams.flow",
+    "massgen": "agl_bridge.trainer.loop.teams.massgen_arith",
 }
 
 
@@ -73,7 +74,7 @@ def team_agents(task: str) -> tuple[str, ...]:
 
 # -- tasks -------------------------------------------------------------------------------------
 def task_space(kind: str) -> list[tuple[int, int]]:
-    if kind in ("add", "relay"):
+    if kind in ("add", "relay", "massgen"):
         return [(a, b) for a in range(2, 41) for b in range(2, 10)]
     return [(a, b) for a in range(1, 100) for b in range(1, 100)]  # "lower": numbers unused
 
@@ -121,6 +122,11 @@ def team_commands(task: str, branch: int = 0) -> tuple[str, str]:
     module = TEAMS[task]
     if branch and task not in ("relay", "flow"):
         raise SystemExit("agl-bridge demo: --branch is for --task relay or flow")
+    if task == "massgen":  # the real MassGen, in its own environment (it pins openai 2.2)
+        from agl_bridge.trainer.loop.teams.massgen_env import build_massgen_python
+
+        command = f"{build_massgen_python()} -m {module} --question sum"
+        return command, command
     plain = f"python -m {module} --reward {task}"
     return (f"{plain} --branch {branch}" if branch else plain), plain
 
@@ -154,11 +160,14 @@ class EpisodeStats(LoopCallback):
 
     def on_evaluate(self, loop: Loop, label: str, out: Path) -> None:
         stats = episode_stats(out / "results.jsonl")
-        measures = getattr(importlib.import_module(TEAMS[loop.data["demo"]["task"]]),
-                           "measures", None)  # the team's own measures, if it has any
+        team = importlib.import_module(TEAMS[loop.data["demo"]["task"]])
+        measures = getattr(team, "measures", None)  # the team's own measures, if it has any
         if measures is not None:
             stats["measures"] = measures([json.loads(line) for line in (
                 out / "results.jsonl").read_text().splitlines() if line.strip()])
+        if hasattr(team, "span_measures") and (out / "spans").is_dir():  # from its spans
+            stats["measures"] = {**stats.get("measures", {}),
+                                 **team.span_measures(out / "spans")}
         loop.data[label].update(stats)
         s = stats["success"]
         log(f"{label}: team success {s['rate']:.1%} [{s['low']:.1%}, {s['high']:.1%}] on "
@@ -243,7 +252,7 @@ def run(demo: DemoConfig, cfg: LoopConfig, *, fresh: bool = False) -> dict:
                               gate=dataclasses.replace(cfg.gate,
                                                        tasks=str(work / "gate-tasks.jsonl")))
     if demo.production:
-        if task in ("relay", "flow"):
+        if task in ("relay", "flow", "massgen"):
             raise SystemExit("agl-bridge demo: --production serves the arithmetic team; "
                              f"--task {task} runs without it")
         return run_production(demo, record, cfg, task)

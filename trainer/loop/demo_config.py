@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from agl_bridge.settings import check_choices, setting
 
-DemoTask = Literal["add", "lower", "relay", "flow"]
+DemoTask = Literal["add", "lower", "relay", "flow", "massgen"]
 RewardsFrom = Literal["feedback", "judge", "both"]
 
 
@@ -26,7 +26,9 @@ class DemoConfig:
                    "reader passes the numbers of a word problem to a solver that never sees it "
                    "(both roles needed); flow: a planner writes a workflow (a DAG) for a price "
                    "question, an executor carries out each step with a calculator or a price "
-                   "list; lower: a toy reward a random model can learn (default for tiny)")
+                   "list; massgen: two agents of the real MassGen answer sums and vote, "
+                   "through its workflow tool calls (its own environment, built once under the "
+                   "cache); lower: a toy reward a random model can learn (default for tiny)")
     branch: int = setting(0, help="tree sampling in training rollouts, K ways per episode and "
                                    "the best continued (0: off): --task relay, the reader's "
                                    "turn; --task flow, the planner's workflow")
@@ -110,6 +112,11 @@ def derived_overrides(demo: DemoConfig, loop: Any) -> dict[str, Any]:
         out["serve"] = {"max_model_len": 2048}
         out["convert"] = {"baseline": "group,batch" if loop.replay_k else "batch"}
         out["judge"] = {"max_episodes": 32, **judge_fit(loop.model)}
+    if demo.task == "massgen":  # tool calls: the hermes parser, a template that shows tools
+        from agl_bridge.trainer.loop.teams.massgen_arith import CHAT_TEMPLATE
+
+        out.update(max_tokens=96, serve={"tool_call_parser": "hermes", "max_model_len": 4096,
+                                         "vllm_args": ["--chat-template", str(CHAT_TEMPLATE)]})
     return out
 
 

@@ -37,9 +37,15 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 AGENTS = ("agent_a", "agent_b")  # MassGen's agent ids and the aliases they ask for
+#: the MassGen design's rewards from the spans (``agl-bridge demo --task massgen`` converts with
+#: it), and the chat template vLLM serves the team with (tools shown, short system prompts)
+RECIPE_FILE = Path(__file__).with_name("massgen_recipe.toml")
+CHAT_TEMPLATE = Path(__file__).with_name("massgen_chat_template.jinja")
+RECIPE = RECIPE_FILE.read_text()
 QUESTIONS = {"story": "{story} Answer with the number.",  # a word problem with distractors
              "sum": "What is {a} + {b}? Answer with the number."}
 _INT = re.compile(r"-?\d+")
@@ -150,7 +156,38 @@ async def play(task: dict[str, Any], rollout: int, args: argparse.Namespace,
     return {"task_id": task["task_id"], "rollout": rollout, "episode_id": episode_id,
             "a": a, "b": b, "score": float(out["correct"]), "success": out["correct"],
             "team_reward": float(out["correct"]), "seconds": round(time.perf_counter() - t0, 2),
-            **out}
+            "agent_reward": {a: float(out["agent_correct"][a]) for a in args.agents}, **out}
+
+
+def measures(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """What ``agl-bridge demo --task massgen`` reports before and after, from the result lines,
+    with 95% intervals: the share of votes cast for a right answer, consensus, and how often
+    MassGen selected a winner at all (the spans' measures: ``span_measures``)."""
+    from agl_bridge.trainer.loop.report import wilson
+
+    votes = [(v, r["agent_correct"].get(t, False)) for r in results
+             for v, t in r["votes"].items()]
+    return {"votes for a right answer": wilson(sum(ok for _, ok in votes), len(votes)),
+            "consensus": wilson(sum(bool(r["consensus"]) for r in results), len(results)),
+            "a winner selected": wilson(sum(r["selected_agent"] is not None for r in results),
+                                        len(results))}
+
+
+def span_measures(spans: Path) -> dict[str, dict[str, float]]:
+    """What MassGen's spans say of a run (``massgen_stats``): coordination rounds and restarts
+    per task, and each agent's share of replies that were valid workflow tool calls."""
+    from agl_bridge.trainer.loop.report import mean_ci, wilson
+    from agl_bridge.trainer.loop.teams import massgen_stats
+
+    stats = massgen_stats.episode_stats(spans)
+    out = {"rounds per task": mean_ci([float(s.rounds) for s in stats.values()]),
+           "restarts per task": mean_ci([float(s.restarts) for s in stats.values()])}
+    for agent in sorted({a for s in stats.values() for a in s.replies}):
+        replies = sum(s.replies.get(agent, 0) for s in stats.values())
+        refused = sum(min(s.refused.get(agent, 0), s.replies.get(agent, 0))
+                      for s in stats.values())
+        out[f"valid tool calls, {agent}"] = wilson(replies - refused, replies)
+    return out
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
