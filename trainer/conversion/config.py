@@ -24,11 +24,15 @@ class ConvertConfig:
 
     algorithm: Algorithm = setting(
         "at_grpo", help="credit and groups: at_grpo (task, agent, turn; r = alpha * team + "
-                        "local) or lightning_rl (the team reward to every transition; task)")
-    alpha: float = setting(1.0, help="AT-GRPO: weight of the team reward in r = alpha * team "
-                                     "+ local")
-    gamma: float = setting(1.0, help="discount of the team reward over an agent's turns (1: "
-                                     "none)")
+                        "local), lightning_rl (the team reward to every transition; task) or "
+                        "ppo (each reward at the end of its turn, team and agent rewards on "
+                        "the agent's last turn; training fits a critic and takes GAE "
+                        "advantages over the agent's turns)")
+    alpha: float = setting(1.0, help="AT-GRPO and PPO: weight of the team reward in r = alpha "
+                                     "* team + local")
+    gamma: float = setting(1.0, help="discount over an agent's turns (1: none): at_grpo and "
+                                     "lightning_rl discount the team reward per turn; ppo's "
+                                     "GAE per generated token (verl's and TRL's gamma)")
     advantage_unit: AdvantageUnit = setting(
         "transition", help="what counts once in a group's mean and std")
     scale_advantages: bool = setting(

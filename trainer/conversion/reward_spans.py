@@ -72,11 +72,13 @@ class EpisodeRewards:
         """An episode without a reward given ``value`` as its team reward (``missing_reward``)."""
         self.team, self.has_team = float(value), True
 
-    def local(self, agent: str | None, turn: int | None, candidate: int | None = None
-              ) -> float:
+    def local(self, agent: str | None, turn: int | None, candidate: int | None = None, *,
+              with_agent: bool = True) -> float:
         """The rewards scoped to ``agent`` and to its ``turn``, and for a tree-sampled
-        ``candidate`` of that turn, those scoped to that candidate too."""
-        value = self.agent.get(agent, 0.0) + self.turn.get((agent, turn, None), 0.0)
+        ``candidate`` of that turn, those scoped to that candidate too. ``with_agent=False``:
+        the turn's only (PPO places the agent's on its last turn)."""
+        value = ((self.agent.get(agent, 0.0) if with_agent else 0.0)
+                 + self.turn.get((agent, turn, None), 0.0))
         if candidate is not None:
             value += self.turn.get((agent, turn, candidate), 0.0)
         return value

@@ -75,7 +75,7 @@ from agl_bridge.trainer.rewards.baselines import (
     key_group_ids,
     task_group_ids,
 )
-from agl_bridge.trainer.rewards.credit import discounted, transition_rewards
+from agl_bridge.trainer.rewards.credit import discounted, last_turns, transition_rewards
 from agl_bridge.trainer.rewards.evaluations import EvaluationReward
 from agl_bridge.trainer.rewards.recipes import EPISODE_KEY
 
@@ -478,7 +478,11 @@ def assign_credit(calls: Calls, first: np.ndarray, turn: pa.Array, ep_codes: np.
     t_turn_valid = (to_numpy(pc.is_valid(t_turn)) if t_turn.null_count
                     else np.ones(n_tr, bool))
     team = np.array([r.team for r in ep_rewards], np.float64)[t_ep_codes]
-    if cfg.gamma != 1.0:
+    last = None
+    if cfg.algorithm == "ppo":  # rewards at the end of their turn; GAE discounts
+        last = last_turns(t_turn_np, t_turn_valid, combine(t_ep_codes, codes(agent)[first]))
+        team = np.where(last, team, 0.0)
+    elif cfg.gamma != 1.0:
         agent_episode = combine(t_ep_codes, codes(agent)[first])
         team = discounted(team, t_turn_np, t_turn_valid, agent_episode, cfg.gamma)
     local = np.zeros(n_tr, np.float64)
@@ -491,7 +495,9 @@ def assign_credit(calls: Calls, first: np.ndarray, turn: pa.Array, ep_codes: np.
             cands_l = arr(calls.table["candidate_index"]).take(take).take(
                 np_array(sel)).to_pylist()
             for k, i in enumerate(sel.tolist()):
-                local[i] = ep_rewards[t_ep_codes[i]].local(agents_l[k], turns_l[k], cands_l[k])
+                local[i] = ep_rewards[t_ep_codes[i]].local(
+                    agents_l[k], turns_l[k], cands_l[k],
+                    with_agent=last is None or bool(last[i]))
     with np.errstate(over="ignore", invalid="ignore"):
         reward = transition_rewards(team, local, algorithm=cfg.algorithm, alpha=cfg.alpha)
     keep = None
