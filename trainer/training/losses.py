@@ -2,7 +2,8 @@
 
 Names follow TRL's ``GRPOTrainer`` where the concept is the same: ``epsilon`` / ``epsilon_high``
 (clip range), ``loss_type`` (how token losses are averaged), ``beta`` (KL weight),
-``vllm_importance_sampling_cap`` (truncated importance sampling against the sampler).
+``vllm_importance_sampling_cap`` (truncated importance sampling against the sampler); and
+TRL's ``PPOTrainer`` for the critic's (``cliprange_value``, ``vf_coef``).
 """
 
 from __future__ import annotations
@@ -146,11 +147,12 @@ def grpo_clip_loss(
     """PPO-clipped policy-gradient loss with optional KL penalty and importance weights.
 
     ``logprobs``/``old_logprobs``/``mask`` (and ``ref_logprobs``, ``weights``): [B, T];
-    ``advantages``: [B], one per sequence. Returns the loss and float statistics.
+    ``advantages``: [B], one per sequence (GRPO), or [B, T], one per token (PPO's GAE).
+    Returns the loss and float statistics.
     """
     mask = mask.to(logprobs.dtype)
     ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages.unsqueeze(-1).to(logprobs.dtype)
+    adv = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).to(logprobs.dtype)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
@@ -173,4 +175,30 @@ def grpo_clip_loss(
         }
         if weights is not None:
             stats["importance_weight_mean"] = float((weights * mask).sum() / n)
+    return loss, stats
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       mask: torch.Tensor, *, cliprange_value: float
+                       ) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped value loss, as TRL's and verl's: the prediction may move at most
+    ``cliprange_value`` from its pre-update value ``old_values`` before the loss stops
+    rewarding the move, ``0.5 * max((V - R)^2, (clip(V) - R)^2)``, averaged over the tokens in
+    ``mask`` (all [B, T]). The clip keeps one batch of noisy returns from dragging the critic,
+    and through the shared LoRA the policy, far in one step."""
+    mask = mask.to(values.dtype)
+    clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
+    unclipped_loss = (values - returns) ** 2
+    clipped_loss = (clipped - returns) ** 2
+    per_token = 0.5 * torch.maximum(unclipped_loss, clipped_loss)
+    n = mask.sum().clamp(min=1.0)
+    loss = (per_token * mask).sum() / n
+    with torch.no_grad():
+        stats = {
+            "value_loss": float(loss),
+            "value_clip_fraction": float(((clipped_loss > unclipped_loss).to(mask.dtype)
+                                          * mask).sum() / n),
+            "value_mean": float((values * mask).sum() / n),
+            "return_mean": float((returns * mask).sum() / n),
+        }
     return loss, stats
