@@ -27,15 +27,22 @@ FORMAT = "agl_bridge.checkpoint.v2"
 
 def save_checkpoint(root: Path, next_micro: int, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, old: dict[int, torch.Tensor],
-                    metrics: list[dict[str, Any]]) -> Path:
-    """Everything a resumed run needs to continue as if never stopped (atomic directory)."""
+                    metrics: list[dict[str, Any]], critic: torch.nn.Module | None = None,
+                    targets: dict[int, torch.Tensor] | None = None) -> Path:
+    """Everything a resumed run needs to continue as if never stopped (atomic directory).
+    PPO's too: the ``critic`` (its value heads) and each transition's GAE ``targets`` (the
+    values, advantages and returns from before the first update, which a resumed run could
+    not compute again: its weights have moved)."""
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {f"lora/{n}": p for n, p in model.named_parameters()
                                         if "lora_" in n}
+    if critic is not None:
+        tensors.update({f"critic/{n}": p for n, p in critic.named_parameters()})
     opt = optimizer.state_dict()
     _flat_optimizer(opt["state"], tensors)
     tensors.update({f"old/{i}": lp for i, lp in old.items()})
+    tensors.update({f"gae/{i}": t for i, t in (targets or {}).items()})
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
     tensors["rng"] = torch.get_rng_state()
     state = {"format": FORMAT, "next_micro_batch": next_micro, "step": step,
@@ -93,9 +100,12 @@ def resolve_checkpoint(resume: str | os.PathLike[str] | bool,
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    old: dict[int, torch.Tensor]) -> tuple[int, int, list[dict[str, Any]]]:
-    """Restore weights, optimizer, logprobs and RNG from ``resolve_checkpoint``'s directory;
-    returns (next micro-batch, optimizer step, metrics so far)."""
+                    old: dict[int, torch.Tensor], critic: torch.nn.Module | None = None,
+                    targets: dict[int, torch.Tensor] | None = None
+                    ) -> tuple[int, int, list[dict[str, Any]]]:
+    """Restore weights, optimizer, logprobs and RNG from ``resolve_checkpoint``'s directory
+    (and PPO's critic and GAE targets into ``critic`` and ``targets``); returns (next
+    micro-batch, optimizer step, metrics so far)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -120,9 +130,24 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         if v.shape != params[n].shape:
             raise ValueError(f"{path}: {n} has shape {list(v.shape)} in the checkpoint, "
                              f"{list(params[n].shape)} in the model")
+    saved_critic = {k.removeprefix("critic/"): v for k, v in tensors.items()
+                    if k.startswith("critic/")}
+    if (critic is None) != (not saved_critic):
+        raise ValueError(f"{path}: a checkpoint of a run " + (
+            "with a critic (algorithm ppo)" if saved_critic else "without a critic")
+            + " cannot resume one " + ("without" if critic is None else "with"))
+    critic_params = dict(critic.named_parameters()) if critic is not None else {}
+    if sorted(saved_critic) != sorted(critic_params) or any(
+            v.shape != critic_params[n].shape for n, v in saved_critic.items()):
+        raise ValueError(f"{path}: its critic does not fit this run's value heads")
     with torch.no_grad():
         for n, v in lora.items():
             params[n].copy_(v)
+        for n, v in saved_critic.items():
+            critic_params[n].copy_(v)
+    if targets is not None:
+        targets.update({int(k.removeprefix("gae/")): v for k, v in tensors.items()
+                        if k.startswith("gae/")})
     opt_state: dict[int, dict[str, torch.Tensor]] = {}
     for k, v in tensors.items():
         if k.startswith("optimizer/"):

@@ -30,8 +30,9 @@ class GRPOConfig:
     concept is the same."""
 
     objective: Objective = setting(
-        "grpo", help="grpo: the clipped policy gradient with the conversion's advantages; sft: "
-                     "supervised fine-tuning on the transitions sft_select picks")
+        "grpo", help="grpo: the clipped policy gradient with the conversion's advantages (with "
+                     "algorithm = ppo: a critic's GAE advantages); sft: supervised fine-tuning "
+                     "on the transitions sft_select picks")
     policy: Policy = setting(
         "shared", help="shared: one LoRA adapter for every agent; per_agent_lora: one adapter "
                        "per agent on one base; per_agent_model: a base model per agent")
@@ -54,6 +55,18 @@ class GRPOConfig:
     vllm_importance_sampling_cap: float = setting(2.0, help="cap of that weight")
     filter_zero_variance_groups: bool = setting(
         True, help="skip groups whose rewards are all equal (nothing to learn from them)")
+    lam: float = setting(
+        0.95, help="ppo (algorithm = ppo): GAE's lambda (TRL's lam, verl's algorithm.lam): 1 "
+                   "is the whole return with the critic as baseline, 0 the one-step TD error; "
+                   "the discount is the conversion's gamma, per generated token")
+    vf_coef: float = setting(
+        0.1, help="ppo: weight of the value loss, loss = policy + vf_coef * value (TRL's)")
+    cliprange_value: float = setting(
+        0.2, help="ppo: how far a value prediction may move from its pre-update one before "
+                  "the value loss is clipped (TRL's; verl's critic.cliprange_value)")
+    critic_learning_rate: float | None = setting(
+        None, help="ppo: the value head's learning rate (verl's critic.optim.lr; unset: 10 x "
+                   "learning_rate: the head starts from zero, the LoRA from the base)")
     max_grad_norm: float = setting(1.0, help="gradient clipping norm")
     seed: int = setting(0, help="random seed (the loop adds the round's number)")
     group_by_length: bool = setting(False, help="batches of similar length: less padding")
@@ -105,6 +118,15 @@ class GRPOConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate!r}")
+        if self.critic_learning_rate is not None and not self.critic_learning_rate > 0:
+            raise ValueError("critic_learning_rate must be positive, got "
+                             f"{self.critic_learning_rate!r}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam!r}")
+        if not self.vf_coef >= 0.0:
+            raise ValueError(f"vf_coef must be at least 0, got {self.vf_coef!r}")
+        if not self.cliprange_value > 0.0:
+            raise ValueError(f"cliprange_value must be positive, got {self.cliprange_value!r}")
         if "none" in self.report_to and len(self.report_to) > 1:
             raise ValueError(f"report_to: 'none' goes alone, got {self.report_to}")
         if self.objective == "sft" and self.sft_select == "threshold" and \

@@ -86,11 +86,13 @@ def train_from_traces(
 
     ``options`` are the settings of the two stages, by name: conversion (``ConvertConfig``:
     ``algorithm`` (``at_grpo`` groups by task, agent and turn and mixes team and local
-    rewards; ``lightning_rl`` groups by task), ``alpha``, ``baseline``, ``missing_reward``,
-    ``rewards`` (a reward recipe: a TOML path or a ``Recipe``), ...) and training
-    (``GRPOConfig``: ``objective`` (``grpo``, or ``sft``: supervised fine-tuning on the
-    transitions ``sft_select`` picks), ``policy`` (``shared``, ``per_agent_lora``,
-    ``per_agent_model``), ``learning_rate``, ``beta``, ``loss_type``, ``save_steps``, ...);
+    rewards; ``lightning_rl`` groups by task; ``ppo`` places each reward at the end of its
+    turn and trains a critic beside each policy, with GAE over an agent's turns), ``alpha``,
+    ``baseline``, ``missing_reward``, ``rewards`` (a reward recipe: a TOML path or a
+    ``Recipe``), ...) and training (``GRPOConfig``: ``objective`` (``grpo``, or ``sft``:
+    supervised fine-tuning on the transitions ``sft_select`` picks), ``policy``
+    (``shared``, ``per_agent_lora``, ``per_agent_model``), ``learning_rate``, ``beta``,
+    ``loss_type``, ``save_steps``, ``lam``, ``vf_coef``, ...);
     each with the default and meaning ``agl-bridge train --help`` shows.
     Checkpoints (``save_steps``) go to ``<output_dir>/checkpoints``; ``resume_from_checkpoint``
     (True: the latest there) continues an interrupted run on the same transitions.
@@ -168,7 +170,8 @@ def _train_from_traces(traces, base_model, out: Path, adapter_name: str, init_ad
                           config=train_config, init_adapters=init_adapters,
                           metrics_path=metrics_path, progress=progress,
                           checkpoint_dir=out / "checkpoints",
-                          resume_from_checkpoint=resume_from_checkpoint, tracker=tracker)
+                          resume_from_checkpoint=resume_from_checkpoint, tracker=tracker,
+                          algorithm=convert_config.algorithm, gamma=convert_config.gamma)
     run = TrainRun(out, transitions, stats, result.adapters, result.steps, metrics_path)
     if world_and_rank()[1] != 0:
         return run

@@ -6,6 +6,9 @@ reloads a directory in place, and a metrics line per step to ``metrics.jsonl``.
 
 Objectives: ``grpo`` (the clipped policy gradient of the GRPO family, with its advantages) and
 ``sft`` (supervised fine-tuning on the completions of selected transitions: ``sft.py``).
+With ``algorithm="ppo"`` the same clipped policy gradient takes per-token advantages from a
+critic instead (``critic.py``: a value head per policy; ``gae.py``: GAE over an agent's turns),
+and the clipped value loss joins it.
 
 Policies (as in AT-GRPO): ``shared`` (one adapter for all roles), ``per_agent_lora`` (one peft
 model holding one adapter per agent; each batch is routed to its agent's adapter, so an
@@ -36,6 +39,7 @@ import torch
 from agl_bridge._version import __version__
 from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, next_version_dir
 from agl_bridge.trainer.rewards.advantages import group_advantages
+from agl_bridge.trainer.rewards.credit import Algorithm
 from agl_bridge.trainer.tracking import Tracker
 from agl_bridge.trainer.training.checkpoints import (
     load_checkpoint,
@@ -52,14 +56,21 @@ from agl_bridge.trainer.training.config import (
     Policy,
     TrainResult,
 )
+from agl_bridge.trainer.training.critic import ValueHeads, gae_targets, load_value_heads
 from agl_bridge.trainer.training.data import batches, collate, pack_rows, read_transitions
 from agl_bridge.trainer.training.distributed import (
     all_reduce_grads,
     share_old_logprobs,
     world_and_rank,
 )
-from agl_bridge.trainer.training.losses import grpo_clip_loss, importance_weights
+from agl_bridge.trainer.training.losses import (
+    clipped_value_loss,
+    grpo_clip_loss,
+    importance_weights,
+)
 from agl_bridge.trainer.training.model import (
+    completion_hidden,
+    completion_logprobs,
     load_policy,
     packing_support,
     peft_name,
@@ -93,6 +104,8 @@ def train_policy(
     resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
     objective: Objective | None = None,
     tracker: Tracker | None = None,
+    algorithm: Algorithm | None = None,
+    gamma: float = 1.0,
 ) -> TrainResult:
     """One round of policy updates; returns the new adapter version of each trained adapter.
 
@@ -105,20 +118,28 @@ def train_policy(
     ``objective``: ``grpo``, or ``sft`` (imitate the transitions ``cfg.sft_select`` picks).
     ``policy`` and ``objective`` default to the config's. ``tracker`` (``open_tracker``)
     gets each micro-batch's metrics as they are written (``train_from_traces`` opens one from
-    ``report_to``).
+    ``report_to``). ``algorithm`` and ``gamma`` are the conversion's (``ConvertConfig``; None:
+    not known, recorded so): ``ppo`` trains a value head beside each adapter and takes
+    per-token GAE advantages from it (``gamma`` per generated token, ``cfg.lam``), ignoring
+    the table's advantage column; the other algorithms train on the table's advantages.
     """
     cfg = config or GRPOConfig()
     policy = policy or cfg.policy
     objective = objective or cfg.objective
     if objective not in ("grpo", "sft"):
         raise ValueError(f"objective must be grpo or sft, got {objective!r}")
+    if algorithm == "ppo" and objective != "grpo":
+        raise ValueError("algorithm ppo trains with objective grpo (the clipped policy "
+                         f"gradient, with the critic's advantages), got {objective!r}")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
     table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
     if table.num_rows == 0:
         raise NothingToTrain("no transitions to train on (see the converter's skip counts)")
     columns = ["prompt_ids", "completion_ids", "completion_mask", "reward", "group_id",
                "behaviour_logprobs", "agent_name", "episode_id"]
-    if "advantage" in table.column_names:
-        columns.append("advantage")
+    columns += [c for c in ("advantage", "turn_index", "candidate_index")
+                if c in table.column_names]
     rows = table.select(columns).to_pylist()
     if cfg.train_agents is not None:
         wanted = set(cfg.train_agents)
@@ -144,6 +165,9 @@ def train_policy(
         rows = [r for r, k in zip(rows, keep.tolist()) if k]
         for r in rows:
             r["advantage"] = 0.0  # not used by the SFT loss
+    elif algorithm == "ppo":
+        for r in rows:
+            r["advantage"] = 0.0  # GAE's, per token, from the critic (_train)
     elif not all(r.get("advantage") is not None for r in rows):
         groups = np.unique([str(r["group_id"]) for r in rows], return_inverse=True)[1]
         episodes = np.unique([str(r["episode_id"]) for r in rows], return_inverse=True)[1]
@@ -162,7 +186,7 @@ def train_policy(
             sub = _train(part, base_model, adapters_root, [name], cfg, init_adapters or {},
                          metrics_file, progress, keep_model=False,
                          data=_data_range(transitions, table), objective=objective,
-                         tracker=tracker)
+                         tracker=tracker, algorithm=algorithm, gamma=gamma)
             result.adapters.update(sub.adapters)
             result.steps += sub.steps
             result.metrics += sub.metrics
@@ -171,18 +195,21 @@ def train_policy(
     return _train(rows, base_model, adapters_root, names, cfg, init_adapters or {}, metrics_file,
                   progress, keep_model=keep_model, checkpoint_dir=checkpoint_dir,
                   resume=resume_from_checkpoint, data=_data_range(transitions, table),
-                  objective=objective, tracker=tracker)
+                  objective=objective, tracker=tracker, algorithm=algorithm, gamma=gamma)
 
 
 def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[str],
            cfg: GRPOConfig, init_adapters, metrics_file: Path | None, progress: bool,
            keep_model: bool = False, checkpoint_dir=None, resume=None,
            data: dict[str, Any] | None = None, objective: Objective = "grpo",
-           tracker: Tracker | None = None) -> TrainResult:
+           tracker: Tracker | None = None, algorithm: Algorithm | None = None,
+           gamma: float = 1.0) -> TrainResult:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
+    ppo = algorithm == "ppo"
     skipped_zero_variance = 0
-    if cfg.filter_zero_variance_groups and objective == "grpo":
+    # a critic needs no spread within a group: production traffic has groups of one
+    if cfg.filter_zero_variance_groups and objective == "grpo" and not ppo:
         by_group: dict[str, set[float]] = defaultdict(set)
         for r in rows:
             by_group[r["group_id"]].add(r["reward"])
@@ -191,6 +218,9 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         rows = [r for r in rows if r["group_id"] not in flat]
     world, rank = world_and_rank()  # the process group first: FSDP shards over it
     sharded = cfg.parallelism == "fsdp" and world > 1
+    if ppo and sharded:
+        raise ValueError("algorithm ppo does not train under FSDP yet (the value heads are not "
+                         "sharded): use parallelism='data'")
     mixed = sharded and torch.cuda.is_available() and cfg.bf16 in (None, True)
     if sharded:
         model, forward, device = load_sharded(base_model, cfg, names, init_adapters, mixed)
@@ -200,8 +230,15 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     mask_dtype = torch.bfloat16 if mixed else model.dtype
     params = trainable(model)  # under FSDP: the ranks' shards (DTensors)
+    heads = (load_value_heads(names, model.config.hidden_size, init_adapters, device) if ppo
+             else None)
+    head_params = list(heads.parameters()) if heads is not None else []
+    groups: list[dict[str, Any]] = [{"params": params}]
+    if head_params:
+        groups.append({"params": head_params,
+                       "lr": cfg.critic_learning_rate or 10 * cfg.learning_rate})
     # no weight decay (the HF and TRL default): an adapter without data must not move
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, weight_decay=0.0)
     eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
     max_len = cfg.max_completion_length or max((len(r["completion_ids"]) for r in rows),
                                                default=1)
@@ -239,6 +276,7 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         plan = plan[rank::world][:share]
     bar = _progress(len(plan), progress and rank == 0)
     old: dict[int, torch.Tensor] = {}  # logprobs under the pre-update policy, per transition
+    targets: dict[int, torch.Tensor] = {}  # ppo: [values, advantages, returns] per transition
     metrics: list[dict[str, Any]] = []
     step = 0
     start = 0
@@ -252,8 +290,11 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         if sharded:
             start, step, metrics = load_sharded_checkpoint(path, forward, optimizer, old)
         else:
-            start, step, metrics = load_checkpoint(path, model, optimizer, old)
+            start, step, metrics = load_checkpoint(path, model, optimizer, old, heads,
+                                                   targets if ppo else None)
         bar.update(start)
+    if heads is not None and not targets:  # from the weights before any update
+        targets = _ppo_targets(model, heads, rows, cfg, gamma, pad_id, device, mask_dtype)
     # later epochs may put a transition on another rank than its first visit: every rank
     # gets each step's first-visit log-probabilities
     share_old = world > 1 and cfg.num_train_epochs > 1 and objective == "grpo"
@@ -274,8 +315,20 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
                             [len(r["completion_ids"]) for r in part], hidden_size,
                             max_row) if pack else None
         batch = collate(part, pad_id, device, packing, mask_dtype)
-        logp = forward(batch)
+        values = None
+        if heads is not None:  # one decoder pass for the policy and its value head
+            hidden = completion_hidden(model, batch)
+            logp = completion_logprobs(model, batch, hidden)
+            values = heads(name, hidden)
+        else:
+            logp = forward(batch)
         adv = torch.tensor([rows[i]["advantage"] for i in idx], device=device)
+        gae = None
+        if values is not None:  # [B, 3, C]: old values, advantages, returns
+            gae = torch.stack([torch.nn.functional.pad(targets[i], (0, logp.shape[1] -
+                                                                    targets[i].shape[1]))
+                               for i in idx]).to(device)
+            adv = gae[:, 1]
         if share_old:
             fresh += [i for i in idx if i not in old]
         if objective == "sft":
@@ -285,21 +338,30 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             loss, stats = _grpo_loss(forward, batch, logp, adv, idx,
                                      [len(r["completion_ids"]) for r in part], old, cfg,
                                      eps_high, max_len)
+            if values is not None and gae is not None:
+                value_loss, value_stats = clipped_value_loss(
+                    values, gae[:, 0], gae[:, 2], batch["loss_mask"],
+                    cliprange_value=cfg.cliprange_value)
+                stats |= {"policy_loss": float(loss.detach()), **value_stats}
+                loss = loss + cfg.vf_coef * value_loss
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()} at step {step} (adapter {name}, "
                                      f"transitions {idx})")
         (loss / cfg.gradient_accumulation_steps).backward()
         last = micro == len(plan) - 1
-        grad_norm = float("nan")
+        grad_norm = value_grad_norm = float("nan")
         checkpoint_due = False
         if (micro + 1) % cfg.gradient_accumulation_steps == 0 or last:
             if world > 1 and not sharded:  # FSDP reduce-scatters in backward
-                all_reduce_grads(params, world)
+                all_reduce_grads(params + head_params, world)
             if share_old:
                 share_old_logprobs(old, fresh, device)
                 fresh = []
             grad_norm = float(local_value(torch.nn.utils.clip_grad_norm_(params,
                                                                          cfg.max_grad_norm)))
+            if head_params:  # apart: a large value error must not shrink the policy's step
+                value_grad_norm = float(torch.nn.utils.clip_grad_norm_(head_params,
+                                                                       cfg.max_grad_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -308,6 +370,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         n_tokens = float(batch["loss_mask"].sum())
         rewards = [rows[i]["reward"] for i in idx]
         advs = adv.float()
+        if advs.dim() == 2:  # per token (ppo): the trained tokens' only
+            advs = advs[batch["loss_mask"] > 0]
         m: dict[str, Any] = {
             "step": step, "micro_batch": micro, "adapter": name, "loss": float(loss.detach()),
             "grad_norm": grad_norm, "reward_mean": sum(rewards) / len(rewards),
@@ -317,6 +381,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             "memory_mb": _memory_mb(device), "learning_rate": cfg.learning_rate,
             "skipped_zero_variance": skipped_zero_variance, "objective": objective, **stats,
         }
+        if heads is not None:
+            m["value_grad_norm"] = value_grad_norm
         gap = _behaviour_gap(logp, batch)
         if gap is not None:
             m["behaviour_logprob_abs_diff"] = gap
@@ -337,7 +403,7 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
                                     old, metrics)
         elif checkpoint_due and rank == 0:
             save_checkpoint(Path(checkpoint_dir), micro + 1, step, model, optimizer, old,
-                             metrics)
+                            metrics, heads, targets if ppo else None)
     bar.close()
     kept = model if keep_model else None
     gathered = full_lora_state(forward) if sharded else None  # a collective: all ranks gather
@@ -345,7 +411,7 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         return TrainResult({}, step, metrics, metrics_file, kept)
     adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
                             sum(r["adapter"] == name for r in rows), step, metrics, data,
-                            objective, gathered)
+                            objective, gathered, heads, algorithm, gamma)
                 for name in names}
     return TrainResult(adapters, step, metrics, metrics_file, kept)
 
@@ -375,6 +441,26 @@ def _grpo_loss(forward: PolicyForward, batch: dict[str, torch.Tensor], logp: tor
                           weights=weights)
 
 
+def _ppo_targets(model, heads: ValueHeads, rows: list[dict[str, Any]], cfg: GRPOConfig,
+                 gamma: float, pad_id: int, device: torch.device, mask_dtype: torch.dtype
+                 ) -> dict[int, torch.Tensor]:
+    """GAE targets of every transition from one no-grad pass of the critic before the update
+    (``critic.gae_targets``), in eval mode (no dropout: the same values on every rank)."""
+    def values_of(name: str, idx: list[int]) -> list[torch.Tensor]:
+        model.set_adapter(peft_name(name))
+        batch = collate([rows[i] for i in idx], pad_id, device, None, mask_dtype)
+        with torch.no_grad():
+            v = heads(name, completion_hidden(model, batch))
+        return [v[j, :len(rows[i]["completion_ids"])] for j, i in enumerate(idx)]
+
+    model.eval()
+    try:
+        return gae_targets(rows, values_of, cfg.per_device_train_batch_size, gamma=gamma,
+                           lam=cfg.lam)
+    finally:
+        model.train()
+
+
 def _data_range(source, table: pa.Table) -> dict[str, Any]:
     """What a version was trained on: the transitions file, rows, episodes and time span."""
     info: dict[str, Any] = {"transitions_file": None if isinstance(source, pa.Table)
@@ -391,15 +477,19 @@ def _data_range(source, table: pa.Table) -> dict[str, Any]:
 def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_adapters,
           n_transitions: int, steps: int, metrics: list[dict[str, Any]],
           data: dict[str, Any] | None = None, objective: Objective = "grpo",
-          state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+          state_dict: dict[str, torch.Tensor] | None = None, heads: ValueHeads | None = None,
+          algorithm: Algorithm | None = None, gamma: float = 1.0) -> Path:
     """One adapter -> a new version directory (written to a temporary name, then renamed).
-    ``state_dict``: the weights gathered from the FSDP shards (the model holds only its own)."""
+    ``state_dict``: the weights gathered from the FSDP shards (the model holds only its own).
+    ``heads``: PPO's critic, whose head for this adapter is saved beside it."""
     version, out_dir = next_version_dir(adapters_root, name)
     tmp = out_dir.with_name(f".tmp-{uuid.uuid4().hex}-{out_dir.name}")
     extra = {} if state_dict is None else {"state_dict": state_dict}
     model.save_pretrained(str(tmp), selected_adapters=[peft_name(name)], **extra)
     inner = tmp / peft_name(name)  # PEFT saves a non-default adapter in a subfolder
     saved = inner if (inner / "adapter_config.json").exists() else tmp
+    if heads is not None:
+        heads.save(name, saved)
     mine = [m for m in metrics if m["adapter"] == name]
     meta = {
         "agl_bridge_version": __version__, "adapter_name": name, "version": version,
@@ -407,6 +497,7 @@ def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_ada
         "base_model_fingerprint": base_model_fingerprint(base_model),
         "init_adapter": str(init_adapters[name]) if name in init_adapters else None,
         "transitions": n_transitions, "steps": steps, "objective": objective,
+        "algorithm": algorithm, "gae": {"gamma": gamma, "lam": cfg.lam} if heads else None,
         "config": asdict(cfg), "data": data,
         "final_metrics": mine[-1] if mine else None, "created_unix": time.time(),
     }

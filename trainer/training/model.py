@@ -12,19 +12,29 @@ from agl_bridge.trainer.training.config import GRPOConfig
 from agl_bridge.trainer.training.losses import linear_token_logprobs, token_logprobs
 
 
-def completion_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Log-probabilities of the completion tokens. The LM head runs on completion positions only,
-    and (a plain linear head, the usual case) in tiles whose logits are recomputed in backward
-    (``linear_token_logprobs``): no [batch, completion, vocabulary] logits tensor is kept for
-    backward, which with gradient checkpointing was most of the step's live memory."""
+def completion_hidden(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The decoder's last hidden state [B, C, H] at the positions that predict each completion
+    token (``batch["index"]``): what the LM head, and PPO's value head, read."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     body = getattr(lm, lm.base_model_prefix)  # the decoder stack without its LM head
-    head = model.get_output_embeddings()
     hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                   position_ids=batch.get("position_ids"), use_cache=False).last_hidden_state
     b, c = batch["index"].shape
     picked = hidden.reshape(-1, hidden.size(-1)).index_select(0, batch["index"].reshape(-1))
-    picked = picked.view(b, c, -1)  # [B, C, H]: the positions predicting each target
+    return picked.view(b, c, -1)
+
+
+def completion_logprobs(model, batch: dict[str, torch.Tensor],
+                        hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probabilities of the completion tokens. The LM head runs on completion positions only,
+    and (a plain linear head, the usual case) in tiles whose logits are recomputed in backward
+    (``linear_token_logprobs``): no [batch, completion, vocabulary] logits tensor is kept for
+    backward, which with gradient checkpointing was most of the step's live memory.
+    ``hidden``: ``completion_hidden``'s output when the caller has it (PPO's value head reads
+    it too: one decoder pass for both)."""
+    picked = completion_hidden(model, batch) if hidden is None else hidden
+    b, c = batch["index"].shape
+    head = model.get_output_embeddings()
     if type(head) is not torch.nn.Linear:  # e.g. a LoRA-wrapped head: its own forward
         return token_logprobs(head(picked), batch["targets"])
     return linear_token_logprobs(picked.reshape(b * c, -1), head.weight,

@@ -1,0 +1,162 @@
+"""``algorithm = "ppo"`` on the tiny random model: the critic learns (its value loss falls and
+its prediction comes to track a fixed reward), is saved beside its adapter and read back, is
+checkpointed with the policy (a resumed run equals one never stopped), with the shared and
+per-agent policies; and the conversion places each reward at the end of its turn."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import agl_bridge
+from agl_bridge.schema import TRANSITION_SCHEMA
+from agl_bridge.trainer.adapters import METADATA_FILE
+from agl_bridge.trainer.training import GRPOConfig, train_policy
+from agl_bridge.trainer.training.critic import VALUE_HEAD_FILE
+from tests.factories import llm, reward, table
+
+
+def episodes(rewards, agents=("a",)):
+    """Each agent acts over two turns per episode; turn 1 holds a tool result (masked) before
+    its own tokens; the reward sits on the last turn (as ``algorithm = "ppo"`` converts it)."""
+    rows = []
+    for e, r in enumerate(rewards):
+        for k, agent in enumerate(agents):
+            for turn in (0, 1):
+                rows.append({
+                    "episode_id": f"e{e}", "task_id": "t", "agent_name": agent,
+                    "turn_index": turn, "prompt_ids": [257, 40 + e, 41 + k, 258 + turn],
+                    "completion_ids": [60 + e, 61, 62] if turn == 0 else [70, 71, 63 + e, 64],
+                    "completion_mask": [1, 1, 1] if turn == 0 else [0, 0, 1, 1],
+                    "behaviour_logprobs": None, "reward": r if turn == 1 else 0.0,
+                    "group_id": f"task:t|agent:{agent}", "advantage": None,
+                    "merged_calls": 1 if turn == 0 else 2, "retokenized": False})
+    return pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA)
+
+
+def config(**overrides):
+    return GRPOConfig(**{"learning_rate": 1e-3, "critic_learning_rate": 1e-2,
+                         "per_device_train_batch_size": 4, "num_train_epochs": 8, "lam": 1.0,
+                         **overrides})
+
+
+def value_losses(result, adapter):
+    return [m["value_loss"] for m in result.metrics if m["adapter"] == adapter]
+
+
+def test_the_value_loss_falls_and_the_critic_comes_to_predict_a_fixed_reward(tiny, tmp_path):
+    """Every episode ends with reward 1 (gamma 1, lam 1: every trained token's return is 1).
+    The head starts at 0 (value loss 0.5); trained (a wide cliprange_value: the default keeps
+    one round's move within 0.2), the next round's critic (read back from beside the adapter)
+    predicts about 1 before any update of its own."""
+    data = episodes([1.0] * 4)
+    clipped = train_policy(data, tiny, tmp_path / "clip", config=config(), algorithm="ppo",
+                           progress=False)
+    # cliprange_value 0.2: within a round, no prediction is pulled past 0.2 from its
+    # pre-update 0 (TRL's and verl's clip): 0.5 * (1 - 0.2)^2 = 0.32 is where the loss stops
+    assert clipped.metrics[-1]["value_loss"] == pytest.approx(0.32, abs=0.01)
+    first = train_policy(data, tiny, tmp_path / "a", config=config(cliprange_value=10.0),
+                         algorithm="ppo", progress=False)
+    losses = value_losses(first, "policy")
+    assert losses[0] == pytest.approx(0.5, abs=1e-6)  # values 0, returns 1
+    # Adam's momentum overshoots a fixed target, then settles: the last steps' mean
+    assert sum(losses[-4:]) / 4 < 0.1 * losses[0]
+    assert first.metrics[0]["value_mean"] == 0.0
+    # equal returns everywhere: whitened, every advantage is 0, so only the critic learns
+    assert all(m["policy_loss"] == 0.0 for m in first.metrics)
+    saved = first.adapter_dir / VALUE_HEAD_FILE
+    assert set(load_file(str(saved))) == {"weight", "bias"}
+    meta = json.loads((first.adapter_dir / METADATA_FILE).read_text())
+    assert meta["algorithm"] == "ppo" and meta["gae"] == {"gamma": 1.0, "lam": 1.0}
+
+    second = train_policy(data, tiny, tmp_path / "a", algorithm="ppo", progress=False,
+                          init_adapters={"policy": first.adapter_dir},
+                          config=config(num_train_epochs=1, cliprange_value=10.0))
+    assert second.adapter_dir.name == "v0002"
+    before = second.metrics[0]  # the pre-update values are the first round's critic's
+    assert before["value_mean"] == pytest.approx(1.0, abs=0.3)
+    assert before["value_loss"] < 0.1 * losses[0]
+
+
+def test_rewards_move_the_policy_through_per_token_advantages(tiny, tmp_path):
+    """Two agents, each its own LoRA and value head: rewards 1 and 0 alternate, so the
+    advantages are not all zero and both adapters move; the observation tokens get none."""
+    data = episodes([1.0, 0.0, 1.0, 0.0], agents=("a", "b"))
+    result = train_policy(data, tiny, tmp_path, policy="per_agent_lora", algorithm="ppo",
+                          config=config(num_train_epochs=2, learning_rate=1e-2),
+                          progress=False)
+    assert set(result.adapters) == {"a", "b"}
+    for name, directory in result.adapters.items():
+        weights = load_file(str(directory / "adapter_model.safetensors"))
+        assert any(v.abs().sum() > 0 for k, v in weights.items() if "lora_B" in k), name
+        head = load_file(str(directory / VALUE_HEAD_FILE))
+        assert head["weight"].abs().sum() > 0, name
+        assert value_losses(result, name)[-1] < value_losses(result, name)[0]
+    assert all(m["advantage_abs_mean"] > 0 for m in result.metrics)
+    per_model = train_policy(data, tiny, tmp_path / "pm", policy="per_agent_model",
+                             algorithm="ppo", config=config(num_train_epochs=1),
+                             progress=False)
+    assert all((d / VALUE_HEAD_FILE).exists() for d in per_model.adapters.values())
+
+
+def test_resume_equals_a_run_never_stopped_critic_included(tiny, tmp_path):
+    data = episodes([1.0, 0.0], agents=("a", "b"))
+    kw = dict(policy="per_agent_lora", algorithm="ppo", gamma=0.9, progress=False)
+    cfg = dict(num_train_epochs=2, per_device_train_batch_size=2, learning_rate=1e-2, lam=0.9)
+    whole = train_policy(data, tiny, tmp_path / "a", config=config(**cfg), **kw)
+    stopped = train_policy(data, tiny, tmp_path / "b", checkpoint_dir=tmp_path / "ckpt",
+                           config=config(**cfg, save_steps=2, max_steps=3), **kw)
+    assert stopped.steps == 3
+    resumed = train_policy(data, tiny, tmp_path / "c", checkpoint_dir=tmp_path / "ckpt",
+                           resume_from_checkpoint=tmp_path / "ckpt" / "checkpoint-2",
+                           config=config(**cfg), **kw)
+    assert len(resumed.metrics) == len(whole.metrics) == 8
+    for key in ("loss", "value_loss", "policy_loss", "value_mean"):
+        assert [m[key] for m in resumed.metrics] == pytest.approx(
+            [m[key] for m in whole.metrics], abs=1e-6), key
+    for name in ("a", "b"):
+        for file in ("adapter_model.safetensors", VALUE_HEAD_FILE):
+            a = load_file(str(whole.adapters[name] / file))
+            c = load_file(str(resumed.adapters[name] / file))
+            assert all(torch.allclose(a[k], c[k], atol=1e-6) for k in a), (name, file)
+    with pytest.raises(ValueError, match=r"with a critic .* cannot resume one without"):
+        train_policy(data, tiny, tmp_path / "d", checkpoint_dir=tmp_path / "ckpt",
+                     resume_from_checkpoint=True, config=config(**cfg),
+                     policy="per_agent_lora", progress=False)
+
+
+def test_ppo_from_spans_places_each_reward_at_the_end_of_its_turn(tiny, tmp_path):
+    """Spans: a solver's two turns and a checker's one per episode; the episode's reward,
+    a reward for the solver as an agent and one for its turn 0. PPO's transitions hold the
+    turn reward on turn 0, the rest on each agent's last turn; AT-GRPO's gave every turn the
+    team reward."""
+    rows = []
+    for e, r in enumerate([1.0, 0.0]):
+        rows += [llm(f"e{e}", e * 10, agent="solver", turn=0, prompt=[257, 40 + e],
+                     completion=[60 + e, 258]),
+                 llm(f"e{e}", e * 10 + 1, agent="checker", turn=0, prompt=[257, 50 + e],
+                     completion=[61, 258]),
+                 llm(f"e{e}", e * 10 + 2, agent="solver", turn=1, prompt=[257, 45 + e],
+                     completion=[62 + e, 258]),
+                 reward(f"e{e}", e * 10 + 3, r),
+                 reward(f"e{e}", e * 10 + 4, 0.5, scope="agent", agent="solver"),
+                 reward(f"e{e}", e * 10 + 5, 0.25, scope="turn", agent="solver", turn=0)]
+    (tmp_path / "spans").mkdir()
+    pq.write_table(table(rows), tmp_path / "spans" / "part.parquet")
+    run = agl_bridge.train_from_traces(
+        tmp_path / "spans", tiny, algorithm="ppo", policy="per_agent_lora", alpha=2.0,
+        output_dir=tmp_path / "run", progress=False, learning_rate=1e-2)
+    got = pq.read_table(run.transitions_path).to_pylist()
+    placed = {(t["episode_id"], t["agent_name"], t["turn_index"]): t["reward"] for t in got}
+    assert placed == {("e0", "solver", 0): 0.25, ("e0", "solver", 1): 2.0 + 0.5,
+                      ("e0", "checker", 0): 2.0,
+                      ("e1", "solver", 0): 0.25, ("e1", "solver", 1): 0.5,
+                      ("e1", "checker", 0): 0.0}
+    assert set(run.adapters) == {"solver", "checker"}
+    assert all((d / VALUE_HEAD_FILE).exists() for d in run.adapters.values())
+    saved = json.loads((run.output_dir / "run.json").read_text())
+    assert saved["settings"]["convert"]["algorithm"] == "ppo"
+    assert saved["settings"]["train"]["lam"] == 0.95
