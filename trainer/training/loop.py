@@ -274,7 +274,7 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             logger.info("agl_bridge: %d micro-batch(es) left out to split evenly over %d ranks",
                         len(plan) - share * world, world)
         plan = plan[rank::world][:share]
-    bar = _progress(len(plan), progress and rank == 0)
+    bar = _progress(len(plan), progress and rank == 0, "ppo" if ppo else objective)
     old: dict[int, torch.Tensor] = {}  # logprobs under the pre-update policy, per transition
     targets: dict[int, torch.Tensor] = {}  # ppo: [values, advantages, returns] per transition
     metrics: list[dict[str, Any]] = []
@@ -497,7 +497,8 @@ def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_ada
         "base_model_fingerprint": base_model_fingerprint(base_model),
         "init_adapter": str(init_adapters[name]) if name in init_adapters else None,
         "transitions": n_transitions, "steps": steps, "objective": objective,
-        "algorithm": algorithm, "gae": {"gamma": gamma, "lam": cfg.lam} if heads else None,
+        "algorithm": algorithm,
+        "gae": {"gamma": gamma, "lam": cfg.lam} if heads is not None else None,
         "config": asdict(cfg), "data": data,
         "final_metrics": mine[-1] if mine else None, "created_unix": time.time(),
     }
@@ -534,7 +535,7 @@ def _memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, desc: str):
     from tqdm.auto import tqdm  # a dependency of transformers
 
-    return tqdm(total=total, desc="grpo", unit="batch", disable=not enabled)
+    return tqdm(total=total, desc=desc, unit="batch", disable=not enabled)
