@@ -33,6 +33,10 @@ class ConvertConfig:
     gamma: float = setting(1.0, help="discount over an agent's turns (1: none): at_grpo and "
                                      "lightning_rl discount the team reward per turn; ppo's "
                                      "GAE per generated token (verl's and TRL's gamma)")
+    use_turn_scores: bool = setting(
+        True, help="a turn-scoped reward counts for its turn (ppo: at the end of that turn); "
+                   "off, for the agent's whole episode (ppo: on its last turn; at_grpo: on "
+                   "each of its turns), as verl multi-turn PPO's use_turn_scores")
     advantage_unit: AdvantageUnit = setting(
         "transition", help="what counts once in a group's mean and std")
     scale_advantages: bool = setting(

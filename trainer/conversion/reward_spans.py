@@ -73,12 +73,20 @@ class EpisodeRewards:
         self.team, self.has_team = float(value), True
 
     def local(self, agent: str | None, turn: int | None, candidate: int | None = None, *,
-              with_agent: bool = True) -> float:
+              with_agent: bool = True, turn_scores: bool = True) -> float:
         """The rewards scoped to ``agent`` and to its ``turn``, and for a tree-sampled
         ``candidate`` of that turn, those scoped to that candidate too. ``with_agent=False``:
-        the turn's only (PPO places the agent's on its last turn)."""
-        value = ((self.agent.get(agent, 0.0) if with_agent else 0.0)
-                 + self.turn.get((agent, turn, None), 0.0))
+        the turn's only (PPO places the agent's on its last turn). ``turn_scores=False``
+        (``use_turn_scores``): a turn's rewards count as the agent's, for its whole episode
+        (a candidate's stay its own: they are what tree sampling compares)."""
+        own_turn = self.turn.get((agent, turn, None), 0.0) if turn_scores else 0.0
+        agent_part = 0.0
+        if with_agent:
+            agent_part = self.agent.get(agent, 0.0)
+            if not turn_scores:
+                agent_part += math.fsum(v for (a, _, c), v in self.turn.items()
+                                        if a == agent and c is None)
+        value = agent_part + own_turn
         if candidate is not None:
             value += self.turn.get((agent, turn, candidate), 0.0)
         return value

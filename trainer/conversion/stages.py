@@ -497,7 +497,7 @@ def assign_credit(calls: Calls, first: np.ndarray, turn: pa.Array, ep_codes: np.
             for k, i in enumerate(sel.tolist()):
                 local[i] = ep_rewards[t_ep_codes[i]].local(
                     agents_l[k], turns_l[k], cands_l[k],
-                    with_agent=last is None or bool(last[i]))
+                    with_agent=last is None or bool(last[i]), turn_scores=cfg.use_turn_scores)
     with np.errstate(over="ignore", invalid="ignore"):
         reward = transition_rewards(team, local, algorithm=cfg.algorithm, alpha=cfg.alpha)
     keep = None

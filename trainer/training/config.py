@@ -67,6 +67,9 @@ class GRPOConfig:
     critic_learning_rate: float | None = setting(
         None, help="ppo: the value head's learning rate (verl's critic.optim.lr; unset: 10 x "
                    "learning_rate: the head starts from zero, the LoRA from the base)")
+    rollout_filter_ratio: float = setting(
+        1.0, help="keep this share of groups (rounded up), those whose rewards spread most "
+                  "(standard deviation), as RAGEN's multi-turn PPO on verl (1: all)")
     max_grad_norm: float = setting(1.0, help="gradient clipping norm")
     seed: int = setting(0, help="random seed (the loop adds the round's number)")
     group_by_length: bool = setting(False, help="batches of similar length: less padding")
@@ -125,6 +128,9 @@ class GRPOConfig:
             raise ValueError(f"lam must be in [0, 1], got {self.lam!r}")
         if not self.vf_coef >= 0.0:
             raise ValueError(f"vf_coef must be at least 0, got {self.vf_coef!r}")
+        if not 0.0 < self.rollout_filter_ratio <= 1.0:
+            raise ValueError("rollout_filter_ratio must be in (0, 1], got "
+                             f"{self.rollout_filter_ratio!r}")
         if not self.cliprange_value > 0.0:
             raise ValueError(f"cliprange_value must be positive, got {self.cliprange_value!r}")
         if "none" in self.report_to and len(self.report_to) > 1:

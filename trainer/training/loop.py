@@ -40,6 +40,7 @@ from agl_bridge._version import __version__
 from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, next_version_dir
 from agl_bridge.trainer.rewards.advantages import group_advantages
 from agl_bridge.trainer.rewards.credit import Algorithm
+from agl_bridge.trainer.rewards.selection import keep_by_spread
 from agl_bridge.trainer.tracking import Tracker
 from agl_bridge.trainer.training.checkpoints import (
     load_checkpoint,
@@ -150,6 +151,13 @@ def train_policy(
     for i, r in enumerate(rows):
         if not math.isfinite(r["reward"]):
             raise ValueError(f"transition {i}: reward is {r['reward']}; refusing to train on it")
+    if cfg.rollout_filter_ratio < 1.0 and objective == "grpo":
+        keep = keep_by_spread(np.array([r["reward"] for r in rows]),
+                              np.array([str(r["group_id"]) for r in rows]),
+                              cfg.rollout_filter_ratio)
+        logger.info("agl_bridge: rollout filter (ratio %s) keeps %d of %d transitions",
+                    cfg.rollout_filter_ratio, int(keep.sum()), len(rows))
+        rows = [r for r, k in zip(rows, keep.tolist()) if k]
     if objective == "sft":
         keep = select_for_sft(np.array([r["reward"] for r in rows]),
                               np.array([str(r["group_id"]) for r in rows]), cfg.sft_select,
