@@ -12,14 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agl_bridge.settings import check_choices, setting, values
 from agl_bridge.trainer.conversion.config import ConvertConfig
 from agl_bridge.trainer.judging.config import JudgeConfig
+from agl_bridge.trainer.loop.apo.config import ApoSearchConfig
 from agl_bridge.trainer.loop.gate import GateRule
 from agl_bridge.trainer.serving.config import ServeConfig
 from agl_bridge.trainer.training.config import GRPOConfig
+
+# what a round changes: the adapters (lora), the agents' system prompts (apo), or each in turn
+Algorithm = Literal["lora", "apo", "apo+lora"]
 
 
 @dataclass
@@ -122,6 +126,12 @@ class LoopConfig:
     rounds: int = setting(10, help="at most this many rounds")
     minutes: float = setting(60.0, help="time budget: no round starts that would end after it")
     # -- the stages' own settings -------------------------------------------------------------
+    algorithm: Algorithm = setting(
+        "lora", help="what each round changes: lora (trains LoRA adapters from the round's "
+                     "episodes: [convert], [train]), apo (optimises the agents' system prompts "
+                     "from them, published to the registry's prompt table: [apo]; no training, "
+                     "no LoRA serving), apo+lora (the two in turn, one per round: apo in round "
+                     "0, 2, ..., lora in 1, 3, ...)")
     convert: ConvertConfig = setting(help="conversion and rewards",
                                      default_factory=ConvertConfig)
     train: GRPOConfig = setting(help="training", default_factory=GRPOConfig)
@@ -130,12 +140,19 @@ class LoopConfig:
     serve: ServeConfig = setting(help="serving", default_factory=ServeConfig)
     gate: GateConfig = setting(help="the gate", default_factory=GateConfig)
     watch: WatchConfig = setting(help="the watch", default_factory=WatchConfig)
+    apo: ApoSearchConfig = setting(help="prompt optimisation (algorithm apo or apo+lora)",
+                                   default_factory=ApoSearchConfig)
 
     def check(self) -> LoopConfig:
         """Refuse what cannot work, naming the setting."""
         check_choices(self)
-        if not self.model:
-            raise ValueError("model: a local model directory is required")
+        if not self.model and not (self.algorithm == "apo" and self.server):
+            raise ValueError("model: a local model directory is required (algorithm apo on a "
+                             "given server needs none)")
+        if self.algorithm != "lora" and (self.team is None or self.tasks is None):
+            raise ValueError(f"algorithm {self.algorithm}: prompt candidates are scored on the "
+                             f"round's training tasks: give team and tasks (a live traces "
+                             f"directory is for algorithm lora)")
         if (self.team is None) == (self.traces is None):
             raise ValueError("give either team (with tasks) or traces: where episodes come from")
         if self.team is not None and self.tasks is None:

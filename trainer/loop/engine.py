@@ -33,10 +33,10 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agl_bridge.settings import values
 from agl_bridge.trainer.loop.config import LoopConfig
@@ -44,8 +44,12 @@ from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
 from agl_bridge.trainer.loop.state import LOOP_LOCK, LoopState, wipe
 from agl_bridge.trainer.loop.team import TeamRun, role_scores, run_team, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
+from agl_bridge.trainer.serving.prompts import PROMPT_HISTORY_FILE, PROMPTS_DIR, PROMPTS_FILE
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
 from agl_bridge.trainer.training.config import NothingToTrain
+
+if TYPE_CHECKING:
+    from agl_bridge.trainer.loop.apo.rounds import PromptLever
 
 BASE = "base"  # the base model's served name, which every alias points at first
 RECENT = 2000  # rewards kept per version for the watch
@@ -159,6 +163,11 @@ class Loop:
         self.server: Any = None
         self._fresh: list[Path] = []  # the span files a live round collected
         self.base_url = cfg.server or ""
+        self.prompts: PromptLever | None = None  # algorithm apo, apo+lora: prompt versions
+        if cfg.algorithm != "lora":
+            from agl_bridge.trainer.loop.apo.rounds import PromptLever
+
+            self.prompts = PromptLever(self)
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -220,7 +229,8 @@ class Loop:
         from agl_bridge.trainer.serving.publisher import Publisher
 
         if self.cfg.server is None:
-            wipe(self.registry)  # it lives as long as the server (its lock stays)
+            # it lives as long as the server (its lock stays); prompt versions outlive it
+            wipe(self.registry, keep=(PROMPTS_FILE, PROMPT_HISTORY_FILE, PROMPTS_DIR))
             with self.state.timed("start vLLM"):
                 self.server = start_vllm(self.cfg)
             self.base_url = self.server.base_url
@@ -311,6 +321,8 @@ class Loop:
         sources = self._collect(r, rdir, record)
         if sources is None:
             return False
+        if self.prompts is not None:  # algorithm apo, apo+lora: the prompt versions' watch
+            self.prompts.watch(r, rdir, record)
         if self._unjudged() is not None:
             self._watch(record, self._transitions_for_watch(rdir, sources))
         if self._unjudged() is not None:  # one change at a time: judge the live one first
@@ -319,6 +331,11 @@ class Loop:
             record["held"] = (f"the watch has not judged {version_key(self.data['live'])} "
                               f"yet: {record['watch']['reason']}")
             log(f"round {r}: no training, nothing published: {record['held']}")
+            trained = None
+        elif self.prompts is not None and self.prompts.holds(r, record, sources):
+            trained = None  # a prompt version not judged yet: one change at a time
+        elif self.prompts is not None and self.prompts.turn(r):
+            self.prompts.round(r, rdir, record)  # prompts change; adapters stay
             trained = None
         else:
             sources = [Path(s) for s in self.data.get("held_sources", [])] + sources
@@ -402,11 +419,15 @@ class Loop:
         return run.spans
 
     def _team(self, command: str, tasks: list[dict[str, Any]], out: Path, *, rollouts: int,
-              temperature: float, aliases: Path | None = None) -> TeamRun:
+              temperature: float, aliases: Path | None = None, prompts: Path | None = None
+              ) -> TeamRun:
+        """``prompts``: a prompt table other than the live one (a candidate's, in a gate)."""
+        env = {"AGL_BRIDGE_MAX_TOKENS": str(self.cfg.max_tokens)}
+        if self.prompts is not None:  # the agents follow the prompt table
+            env.update(self.prompts.env(prompts))
         return run_team(command, tasks, out, base_url=self.base_url,
                         aliases=aliases or self.registry / ALIASES_FILE, rollouts=rollouts,
-                        temperature=temperature, service="team",
-                        extra_env={"AGL_BRIDGE_MAX_TOKENS": str(self.cfg.max_tokens)})
+                        temperature=temperature, service="team", extra_env=env)
 
     def _wait_for_traces(self, r: int, record: dict[str, Any]) -> list[Path] | None:
         """Live: wait for span files the loop has not used, old enough for their feedback,
@@ -538,12 +559,14 @@ class Loop:
 
     # -- evaluation, gate, publish, watch --------------------------------------------------
     def _scores(self, label: str, aliases: dict[str, str], out: Path, tasks_file: str, *,
-                temperature: float, rollouts: int) -> Scores:
+                temperature: float, rollouts: int,
+                prompts: Mapping[str, Mapping[str, str]] | None = None) -> Scores:
         """Scores of the versions ``aliases`` points at on ``tasks_file``, the team's and each
-        role's (cached per version set, task file and decoding)."""
+        role's (cached per version set, prompt versions, task file and decoding).
+        ``prompts``: a candidate prompt table's entries (unset: the live table)."""
         cfg = self.cfg
-        key = (f"{version_key(aliases)} on {Path(tasks_file).name} at temperature "
-               f"{temperature:g} x{rollouts}")
+        key = (f"{version_key(aliases)}{self.prompts.key(prompts) if self.prompts else ''} on "
+               f"{Path(tasks_file).name} at temperature {temperature:g} x{rollouts}")
         if key in self.data["evals"] and label not in ("baseline", "final"):
             return Scores.from_dict(self.data["evals"][key])
         table = out / ALIASES_FILE
@@ -554,7 +577,9 @@ class Loop:
             f"temperature {temperature:g} on {aliases} ...")
         with self.state.timed("held-out evaluation"):
             run = self._team(cfg.eval_team or cfg.team or "", tasks, out, rollouts=rollouts,
-                             temperature=temperature, aliases=table)
+                             temperature=temperature, aliases=table,
+                             prompts=self.prompts.table(out, prompts)
+                             if self.prompts and prompts is not None else None)
         scores = Scores(task_scores(run.results), role_scores(run.results))
         self.data["evals"][key] = scores.as_dict()
         self.state.save()

@@ -33,8 +33,9 @@ def wilson(successes: int, n: int, z: float = Z95) -> dict[str, float]:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return {"rate": p, "low": max(0.0, centre - half), "high": min(1.0, centre + half), "n": n,
-            "k": successes}
+    # the rate itself bounds the interval: at 0 or 1, rounding put low a hair above it
+    return {"rate": p, "low": min(p, max(0.0, centre - half)),
+            "high": max(p, min(1.0, centre + half)), "n": n, "k": successes}
 
 
 def mean_ci(values: list[float], z: float = Z95) -> dict[str, float]:
@@ -241,7 +242,8 @@ def write_report(work: Path, data: dict) -> Path:
                      _table(["live versions", "requests", "success (95% interval)"],
                             [[", ".join(sorted(set(v["live"].values()))), v["requests"],
                               _pct(v["success"])] for v in data["served"]])]
-        events = [e for e in data.get("events", []) if e["event"] != "published"]
+        events = [e for e in data.get("events", [])
+                  if e["event"] not in ("published", "prompt published")]
         if events:
             body += ["<h2>Refusals and rollbacks</h2>",
                      _table(["round", "what", "versions", "why"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,13 @@ BUDGET = ("rounds", "minutes")
 LOOP_LOCK = ".loop.lock"  # held by the loop that runs here (engine._exclusive)
 
 
-def wipe(directory: Path) -> None:
+def wipe(directory: Path, keep: Collection[str] = ()) -> None:
     """Everything under ``directory`` but the held locks (``LOOP_LOCK``): deleting a lock file
-    while it is held would let a second loop lock a new one."""
+    while it is held would let a second loop lock a new one. ``keep``: names of entries of
+    ``directory`` itself to leave as they are."""
     for entry in directory.iterdir():
+        if entry.name in keep:
+            continue
         if entry.is_dir() and not entry.is_symlink():
             wipe(entry)
             if not any(entry.iterdir()):

@@ -136,6 +136,7 @@ class Scoring:
     aliases: Path | None
     rollouts: int = 1
     temperature: float = 0.0
+    extra_env: Mapping[str, str] = field(default_factory=dict)  # e.g. the loop's max tokens
 
 
 @dataclass
@@ -203,7 +204,7 @@ def search_agent(agent: str, pool: list[Transcript], *, search: ApoSearchConfig,
         run = run_team(scoring.team, scoring.tasks, out, base_url=scoring.base_url,
                        aliases=scoring.aliases, rollouts=scoring.rollouts,
                        temperature=scoring.temperature, service=f"apo-{agent}",
-                       extra_env={PROMPTS_ENV: str(out / "prompts.json"),
+                       extra_env={**scoring.extra_env, PROMPTS_ENV: str(out / "prompts.json"),
                                   "AGL_BRIDGE_CAPTURE": "messages"})
         scores = Scores(task_scores(run.results), role_scores(run.results))
         try:

@@ -30,9 +30,9 @@ class Transcript:
     system: str | None = None  # the agent's first system message, whole
 
 
-def converted_rewards(source: Source) -> dict[str, float]:
-    """Episode -> mean transition reward, through conversion (episodes with no reward from
-    any source are left out)."""
+def converted_rewards(source: Source, config: Any = None) -> dict[str, float]:
+    """Episode -> mean transition reward, through conversion (``config``: a ``ConvertConfig``,
+    e.g. the loop's, with its recipe; episodes with no reward from any source are left out)."""
     import math
 
     import pyarrow.parquet as pq
@@ -41,7 +41,7 @@ def converted_rewards(source: Source) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory(prefix="agl-apo-") as tmp:
         out = Path(tmp) / "transitions.parquet"
-        stats = convert(source, out)
+        stats = convert(source, out, config)
         if not stats.transitions:
             return {}
         table = pq.read_table(out, columns=["episode_id", "reward"])

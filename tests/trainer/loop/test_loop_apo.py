@@ -1,0 +1,201 @@
+"""``algorithm = "apo"`` in ``agl-bridge loop`` (issue 33, item 3): each round searches the
+solver's system prompt from the round's rewarded episodes, gates the best candidate on
+held-out tasks with the loop's gate, publishes it to the registry's prompt table, which the
+team follows on its next calls, and the watch rolls a prompt version back as it rolls back an
+adapter version. The server is scripted and has no LoRA endpoints (none is needed: no model,
+no training); the team is a real program under zero-code capture with the live prompt swap.
+Each prompt's answers are scripted per number, so "better" and "worse" are deterministic."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+
+from agl_bridge.settings import SettingError, build
+from agl_bridge.trainer.loop.apo.optimizer import CRITIQUE_SYSTEM, REWRITE_SYSTEM
+from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
+from agl_bridge.trainer.loop.config import LoopConfig
+from agl_bridge.trainer.loop.engine import Loop
+from agl_bridge.trainer.loop.team import write_tasks
+from agl_bridge.trainer.serving.prompts import PromptRegistry
+from tests.paths import AGENTS
+from tests.scripted_server import ScriptedServer
+
+TEAM = f"{sys.executable} {AGENTS / 'apo_team.py'}"
+OWN = "You are a helpful assistant."  # the solver's own prompt (apo_team.py)
+DIGITS = "Reply with the number you are asked to say, digits only."  # right on every number
+SMALL = "Say small numbers in digits."  # right below 100 only
+BRIEF = "Be brief."  # right up to 4 only
+POLITE = "Be polite."  # never right
+
+
+def right(system: str, number: int) -> bool:
+    """Whether the solver, under this system prompt, says the number: the scripted model."""
+    return {DIGITS: True, SMALL: number < 100, BRIEF: number <= 4, POLITE: False}.get(
+        system, number % 2 == 1 or number >= 100)  # its own prompt: odd numbers, and big ones
+
+
+class World:
+    """The scripted server's answers: the team's by ``right``; the optimizer's critique, and
+    its rewrites from a list."""
+
+    def __init__(self, rewrites: list[str]) -> None:
+        self.rewrites = list(rewrites)
+        self.critiques: list[str] = []
+        self.team: list[tuple[str, int]] = []  # (system prompt, number) of each team call
+
+    def __call__(self, body):
+        system = body["messages"][0]["content"]
+        if system == CRITIQUE_SYSTEM:
+            self.critiques.append(body["messages"][1]["content"])
+            return "Say the number.", []
+        if system == REWRITE_SYSTEM:
+            return f"<prompt>{self.rewrites.pop(0) if self.rewrites else POLITE}</prompt>", []
+        number = int(re.search(r"say (\d+)", body["messages"][-1]["content"]).group(1))
+        self.team.append((system, number))
+        return (str(number) if right(system, number) else "hello"), []
+
+
+def setup(tmp_path, server, train: list[int], held_out: list[int] | None, **settings):
+    write_tasks(tmp_path / "train.jsonl", [{"task_id": f"t{i}", "number": n}
+                                           for i, n in enumerate(train)])
+    values = dict(workdir=str(tmp_path / "loop"), server=server.base_url, algorithm="apo",
+                  serve={"registry": str(tmp_path / "registry")}, agents=["solver"], team=TEAM,
+                  tasks=str(tmp_path / "train.jsonl"), tasks_per_round=4, rollouts=2,
+                  rounds=2, minutes=30, watch={"episodes": 8},
+                  apo={"beam_width": 1, "branch_factor": 1, "beam_rounds": 1,
+                       "val_batch_size": 4})
+    if held_out is not None:
+        write_tasks(tmp_path / "eval.jsonl", [{"task_id": f"e{i}", "number": n}
+                                              for i, n in enumerate(held_out)])
+        values["eval_tasks"] = str(tmp_path / "eval.jsonl")
+    for key, value in settings.items():
+        table, _, name = key.rpartition(".")
+        (values.setdefault(table, {}) if table else values)[name] = value
+    return build(LoopConfig, values, "test")
+
+
+def round_versions(tmp_path, r: int) -> set[str]:
+    """The prompt versions the round's episodes carried (from their chat spans)."""
+    return set(episode_prompt_versions(tmp_path / f"loop/round{r:02d}/spans").values())
+
+
+def test_a_candidate_is_published_and_the_team_follows_it(tmp_path):
+    world = World([DIGITS, BRIEF])
+    with ScriptedServer(vllm=True, script=world) as server:  # no LoRA endpoints: none needed
+        data = Loop(setup(tmp_path, server, train=[2, 4, 6, 8, 10, 12, 14, 16],
+                          held_out=[50, 52, 54, 56])).run()
+    r0, r1 = data["rounds"]
+    # round 0: the round's own episodes scored the root (0: even numbers); DIGITS won on the
+    # round's tasks, passed the gate on the held-out ones, and was published
+    assert r0["lever"] == "apo" and r0["apo"]["solver"]["root"] == "solver@p0"
+    assert r0["apo"]["solver"]["root_score"] == 0.0 and r0["apo"]["solver"]["best_score"] == 1.0
+    assert r0["gate"]["publish"] and r0["gate"]["difference"] == 1.0
+    assert r0["published"] == {"solver": "solver@p1"}
+    reg = PromptRegistry(tmp_path / "registry")
+    assert reg.text("solver", "p1") == DIGITS and reg.text("solver", "p0") == OWN
+    assert json.loads((tmp_path / "registry/prompts.json").read_text())["prompts"] == {
+        "solver": {"version": "solver@p1", "text": DIGITS}}
+    # round 1: the team's next calls had the published version; the watch kept it
+    assert round_versions(tmp_path, 0) == {"solver@p0"}
+    assert round_versions(tmp_path, 1) == {"solver@p1"}
+    assert {s for s, n in world.team if n in (10, 12, 14, 16)} >= {DIGITS}
+    assert r1["prompt_watch"]["verdict"] == "keep" and r1["prompt_watch"]["current"] == 1.0
+    assert r1["published"] == {}  # BRIEF did not beat p1 on round 1's tasks (nothing new)
+    assert data["baseline"]["score"] == 0.0 and data["final"]["score"] == 1.0
+    events = [e["event"] for e in data["events"]]
+    assert events == ["prompt published"] and data["live"] == {"solver": "base"}
+    # the optimizer never saw a held-out task; every candidate is kept with its diff
+    assert world.critiques and not any(f"say {n}" in c for c in world.critiques
+                                       for n in (50, 52, 54, 56))
+    rows = [json.loads(line) for line in (tmp_path / "loop/round00/apo/solver/candidates.jsonl")
+            .read_text().splitlines()]
+    assert [r["text"] for r in rows] == [OWN, DIGITS] and f"+{DIGITS}" in rows[1]["diff"]
+
+
+def test_the_gate_refuses_a_candidate_worse_on_held_out_tasks(tmp_path):
+    """SMALL is right on every training number (below 100) and wrong on every held-out one
+    (100 and more), where the solver's own prompt is right: refused, never live."""
+    world = World([SMALL])
+    with ScriptedServer(vllm=True, script=world) as server:
+        data = Loop(setup(tmp_path, server, train=[2, 4, 6, 8], held_out=[100, 102, 104, 106],
+                          rounds=1)).run()
+    (r0,) = data["rounds"]
+    assert r0["apo"]["solver"]["best_score"] == 1.0 > r0["apo"]["solver"]["root_score"]
+    assert r0["gate"]["publish"] is False and r0["gate"]["difference"] == -1.0
+    assert r0["candidate"] == {"solver": "solver@p1"} and "published" not in r0
+    assert [e["event"] for e in data["events"]] == ["prompt refused"]
+    assert "95% interval" in data["events"][0]["reason"]
+    assert PromptRegistry(tmp_path / "registry").read_live() == {}  # the table stayed empty
+    # the gate played the candidate on the held-out tasks, through its own table
+    assert {n for s, n in world.team if s == SMALL} >= {100, 102, 104, 106}
+    assert data["final"]["score"] == 1.0  # the own prompt, still live
+
+
+def test_the_watch_rolls_back_a_prompt_version_whose_reward_dropped(tmp_path):
+    """BRIEF wins round 0 (numbers 1-4) and goes live (gate off); on round 1's numbers (5-8)
+    it is never right where the own prompt was right half the time: rolled back to p0, and
+    round 2's calls have the solver's own prompt again."""
+    world = World([BRIEF, POLITE])
+    with ScriptedServer(vllm=True, script=world) as server:
+        data = Loop(setup(tmp_path, server, train=[1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 15],
+                          held_out=None, rounds=3, **{"gate.rule": "off"})).run()
+    r0, r1, r2 = data["rounds"]
+    assert r0["published"] == {"solver": "solver@p1"} and r0["gate"]["rule"] == "gate off"
+    assert r2["lever"] == "apo" and r2["apo"]["solver"]["root"] == "solver@p0"
+    assert r1["prompt_watch"]["verdict"] == "rollback" and r1["prompt_rolled_back"] is True
+    assert r1["prompt_watch"]["previous"] == 0.5 and r1["prompt_watch"]["current"] == 0.0
+    assert r1["prompt_watch"]["against"] == {"solver": "solver@p0"}
+    back = [e for e in data["events"] if e["event"] == "prompt rolled back"]
+    assert back[0]["from"] == {"solver": "solver@p1"} and back[0]["to"] == {"solver": "solver@p0"}
+    assert "published" not in r1 or r1["published"] == {}  # no search right after a rollback
+    assert json.loads((tmp_path / "registry/prompts.json").read_text())["prompts"] == {
+        "solver": {"version": "solver@p0"}}
+    assert round_versions(tmp_path, 1) == {"solver@p1"}
+    assert round_versions(tmp_path, 2) == {"solver@p0"}  # the team's own prompt again
+    assert [s for s, n in world.team if n in (9, 11, 13, 15)][:8] == [OWN] * 8
+    history = {v.name: v.state for v in PromptRegistry(tmp_path / "registry")
+               .read_history()["solver"]}
+    assert history == {"solver@p0": "live", "solver@p1": "retired"}
+
+
+def test_apo_settings(tmp_path):
+    base = dict(workdir=str(tmp_path / "w"), server="http://127.0.0.1:9/v1", agents=["solver"],
+                team="python t.py", tasks="t.jsonl", gate={"rule": "off"})
+    with pytest.raises(SettingError, match=r"loop\.toml: algorithm = 'ppo': expected one "
+                                          r"of 'lora', 'apo', 'apo\+lora'"):
+        build(LoopConfig, {**base, "algorithm": "ppo"}, "loop.toml")
+    with pytest.raises(SettingError, match=r"apo\.beam_width"):
+        build(LoopConfig, {**base, "algorithm": "apo", "apo": {"beam_width": "wide"}}, "t")
+    with pytest.raises(SettingError, match=r"apo\.temperature"):  # the batch job's, not here
+        build(LoopConfig, {**base, "algorithm": "apo", "apo": {"temperature": 1.0}}, "t")
+    # apo needs no model (no training, no LoRA serving); lora and apo+lora do
+    assert build(LoopConfig, {**base, "algorithm": "apo"}, "t").check().model == ""
+    for algorithm in ("lora", "apo+lora"):
+        with pytest.raises(ValueError, match="model: a local model directory is required"):
+            build(LoopConfig, {**base, "algorithm": algorithm}, "t").check()
+    live = {k: v for k, v in base.items() if k not in ("team", "tasks")}
+    with pytest.raises(ValueError, match="algorithm apo: prompt candidates are scored on the "
+                                         "round's training tasks: give team and tasks"):
+        build(LoopConfig, {**live, "traces": str(tmp_path), "algorithm": "apo"}, "t").check()
+
+
+def test_apo_and_lora_take_turns(tmp_path):
+    cfg = build(LoopConfig, dict(workdir=str(tmp_path / "w"), model=str(tmp_path),
+                                 server="http://127.0.0.1:9/v1", agents=["solver"],
+                                 team="python t.py", tasks="t.jsonl", gate={"rule": "off"},
+                                 algorithm="apo+lora"), "t")
+    loop = Loop(cfg)
+    try:
+        assert loop.prompts is not None
+        assert [loop.prompts.turn(r) for r in range(4)] == [True, False, True, False]
+    finally:
+        loop.release()
+    plain = Loop(build(LoopConfig, {**cfg.settings(), "algorithm": "lora",
+                                    "workdir": str(tmp_path / "w2")}, "t"))
+    plain.release()
+    assert plain.prompts is None  # the prompt table is left alone
+

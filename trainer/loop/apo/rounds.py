@@ -1,0 +1,302 @@
+"""The loop's prompt lever (``algorithm = "apo"``, or ``"apo+lora"`` in turn with training):
+an APO round searches the agents' system prompts from the round's rewarded episodes, gates the
+best candidates with the loop's gate, publishes them to the registry's prompt table, and the
+watch rolls a prompt version back as it rolls back an adapter version.
+
+A round, after the loop has collected it (the team played the round's training tasks on the
+live adapters and prompts, the agents following the prompt table ``AGL_BRIDGE_PROMPTS``):
+
+1. **watch** (every round, both levers): each episode's reward (conversion, with the loop's
+   ``[convert]`` settings: inline, feedback, recipe) by the prompt versions its calls carried
+   (``agl_bridge.prompt.version``); the prompt version published last is judged against the best
+   of the last ``[watch] window`` prompt states with ``watch.py``, and rolled back (the
+   registry's ``rollback``, live at the agents' next call) if worse beyond noise and margin;
+2. **search** (``run.search_agent``, one agent after another): the round's episodes are what the
+   first critique reads, the root is the live prompt scored by the round itself (no extra
+   play), candidates play the first ``[apo] val_batch_size`` of the round's tasks as the round
+   did (``rollouts`` at ``temperature``), each later agent against the earlier ones' winners;
+   never on held-out tasks, so the gate's tasks stay unseen by the selection;
+3. **gate**: the live prompts and the candidate table on the gate's held-out tasks, through the
+   loop's own evaluation (cached per adapter and prompt versions), ``gate_team_and_roles`` with
+   the ``[gate]`` rule: the team not worse beyond noise and each changed agent's own score not;
+4. **publish**: each winner becomes its agent's next version (``solver@p2``) in the registry.
+
+No torch, no LoRA serving: the team's endpoint and the optimizer's (``[apo]
+optimizer_base_url``; default the loop's server, the base model as ``gradient_model``).
+Prompt states are maps agent -> version over the loop's ``agents`` (``solver@p0``: the agent's
+own prompt); an episode matches a state when every version it carries is the state's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agl_bridge.capture import CAPTURE_ENV
+from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_name
+from agl_bridge.trainer.loop.apo.run import Scoring, live_entries, optimizer_for, search_agent
+from agl_bridge.trainer.loop.apo.transcripts import converted_rewards, transcripts
+from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
+from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
+from agl_bridge.trainer.loop.team import read_results, role_scores, task_scores
+from agl_bridge.trainer.loop.watch import best_recent, watch
+from agl_bridge.trainer.serving.prompts import PROMPTS_FILE, PromptRegistry
+from agl_bridge.trainer.serving.registry import ALIASES_FILE
+
+if TYPE_CHECKING:
+    from agl_bridge.trainer.loop.engine import Loop
+
+RECENT = 2000  # rewards kept per prompt-versions key for the watch
+Entries = Mapping[str, Mapping[str, str]]  # a prompt table's entries: agent -> version, text
+
+
+def _versions(key: str) -> dict[str, str]:
+    """``checker@p0,solver@p2`` -> ``{"checker": "checker@p0", "solver": "solver@p2"}``."""
+    return {v.rsplit("@p", 1)[0]: v for v in key.split(",") if "@p" in v}
+
+
+def matches(carried: Mapping[str, str], state: Mapping[str, str]) -> bool:
+    """An episode whose calls carried ``carried`` (agent -> version) was served by ``state``."""
+    return bool(carried) and all(state.get(a, v) == v for a, v in carried.items())
+
+
+class PromptLever:
+    """The prompt side of a ``Loop``: its APO rounds, the prompt table its team runs follow,
+    and the prompt watch. It drives the loop's own evaluation (``Loop._scores``), so gate
+    scores are cached and timed with the adapter lever's."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.cfg = loop.cfg
+        self.registry = PromptRegistry(loop.registry)
+        loop.data.setdefault("prompt_rewards", {})  # prompt versions' key -> episode rewards
+        self._rewards: dict[str, float] = {}  # this round's, per episode
+
+    def turn(self, r: int) -> bool:
+        """Round ``r`` changes prompts (apo), not adapters."""
+        return self.cfg.algorithm == "apo" or r % 2 == 0
+
+    # -- the table team runs follow -----------------------------------------------------------
+    def live(self) -> dict[str, dict[str, str]]:
+        return live_entries(self.registry)
+
+    def state(self) -> dict[str, str]:
+        """Agent -> live prompt version, over the loop's agents (p0: the agent's own)."""
+        live = self.registry.read_live()
+        return {a: live.get(a, version_name(a, 0)) for a in self.cfg.agents}
+
+    def key(self, entries: Entries | None = None) -> str:
+        """What an evaluation's cache key adds for the prompts it ran with (the live table's
+        when None): versions and a hash of each text, since a refused candidate's number is
+        given again to the next candidate."""
+        entries = self.live() if entries is None else entries
+        parts = sorted(f"{e['version']}#{hashlib.sha256(e['text'].encode()).hexdigest()[:8]}"
+                       for e in entries.values() if e.get("text"))
+        return f" prompts {','.join(parts)}" if parts else ""
+
+    def table(self, out: Path, entries: Entries) -> Path:
+        """A candidate's prompt table, written for one evaluation."""
+        table = {TABLE_KEY: {a: dict(e) for a, e in entries.items()}}
+        parse_prompts(table)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / PROMPTS_FILE).write_text(json.dumps(table, indent=2))
+        return out / PROMPTS_FILE
+
+    def env(self, table: Path | None = None) -> dict[str, str]:
+        """For a team run: the prompt table (the registry's live one unless ``table``), and
+        capture of the messages, which the critiques read."""
+        path = table or self.registry.table_path
+        if table is None and not path.exists():
+            with self.registry.registry.locked():  # an empty table: every agent on its own
+                if not path.exists():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+                    tmp.write_text(json.dumps({TABLE_KEY: {}}))
+                    os.replace(tmp, path)
+        return {PROMPTS_ENV: str(path),
+                CAPTURE_ENV: os.environ.get(CAPTURE_ENV) or "messages"}
+
+    # -- the watch ----------------------------------------------------------------------------
+    def watch(self, r: int, rdir: Path, record: dict[str, Any]) -> None:
+        """The round's episodes' rewards by the prompt versions that served them; the prompt
+        version published last is judged against the best recent prompt state and rolled back
+        if it is worse beyond noise and the margin (as ``Loop._watch`` judges adapters)."""
+        from agl_bridge.trainer.loop.engine import log
+
+        cfg, data = self.cfg, self.loop.data
+        record["lever"] = "apo" if self.turn(r) else "lora"
+        spans = rdir / "spans"
+        self._rewards = converted_rewards(spans, cfg.convert) if spans.is_dir() else {}
+        kept_all = data["prompt_rewards"]
+        for episode, key in episode_prompt_versions(spans).items() if spans.is_dir() else ():
+            if episode in self._rewards:
+                kept = kept_all.setdefault(key, [])
+                kept.append(self._rewards[episode])
+                del kept[:-RECENT]
+        last = self.unjudged()
+        if last is None:
+            return
+        current = {**last["previous"], **last["versions"]}
+        published = [e for e in data["events"] if e["event"] == "prompt published"]
+
+        def rewards_of(state: Mapping[str, str]) -> list[float]:
+            return [x for key, xs in kept_all.items() if matches(_versions(key), state)
+                    for x in xs]
+
+        recent = [e["previous"] for e in published[-cfg.watch.window:]]
+        target = recent[best_recent([(json.dumps(s), rewards_of(s)) for s in recent])]
+        decision = watch(rewards_of(target), rewards_of(current), margin=cfg.watch.margin,
+                         min_episodes=cfg.watch.episodes)
+        record["prompt_watch"] = {**decision.as_dict(), "against": target}
+        if decision.verdict == "wait":
+            return
+        last["watched"] = decision.verdict
+        if decision.verdict == "rollback":
+            log(f"watch: rolling back prompts {last['versions']} -> {target}: "
+                f"{decision.reason}")
+            with self.loop.state.timed("publish"):
+                for agent, name in target.items():
+                    if self.state().get(agent) != name:
+                        self.registry.rollback(agent, name)
+            data["events"].append({"round": r, "event": "prompt rolled back",
+                                   "from": last["versions"], "to": target,
+                                   "reason": decision.reason, "time": time.time()})
+            record["prompt_rolled_back"] = True
+
+    def unjudged(self) -> dict[str, Any] | None:
+        """The last prompt publish while its versions are live and the watch has not judged
+        them yet (kept or rolled back)."""
+        published = [e for e in self.loop.data["events"] if e["event"] == "prompt published"]
+        if not published or published[-1].get("watched"):
+            return None
+        last = published[-1]
+        return last if {**last["previous"], **last["versions"]} == self.state() else None
+
+    def holds(self, r: int, record: dict[str, Any], sources: list[Path]) -> bool:
+        """One change at a time, as for adapters: while the prompt version published last is
+        live and not judged, nothing is searched, trained or published (a lora round's
+        episodes are trained on in the next round that trains)."""
+        from agl_bridge.trainer.loop.engine import log
+
+        last = self.unjudged()
+        if last is None:
+            return False
+        watched = record.get("prompt_watch") or {"reason": "not watched yet"}
+        record["held"] = (f"the watch has not judged prompts {', '.join(last['versions'].values())}"
+                          f" yet: {watched['reason']}")
+        record.setdefault("watch", watched)  # what a held round's summary shows
+        if not self.turn(r):
+            self.loop.data.setdefault("held_sources", []).extend(str(s) for s in sources)
+        log(f"round {r}: nothing searched, trained or published: {record['held']}")
+        return True
+
+    # -- an APO round -------------------------------------------------------------------------
+    def round(self, r: int, rdir: Path, record: dict[str, Any]) -> None:
+        """Search each agent's prompt from the round's episodes, gate the winners together,
+        publish them."""
+        from agl_bridge.trainer.loop.engine import log, read_tasks
+
+        loop, cfg = self.loop, self.cfg
+        if record.get("prompt_rolled_back"):  # the round's episodes are the rolled-back one's
+            log(f"round {r}: prompts rolled back; the next APO round searches from those live")
+            record["published"] = {}
+            return
+        results = read_results(rdir / "results.jsonl")
+        tasks = read_tasks(rdir / "tasks.jsonl")[:cfg.apo.val_batch_size]
+        ids = {t["task_id"] for t in tasks}
+        mine = [x for x in results if x.get("task_id") in ids]
+        root_scores = Scores(task_scores(mine), role_scores(mine))
+        scoring = Scoring(cfg.team or "", tasks, loop.base_url, loop.registry / ALIASES_FILE,
+                          cfg.rollouts, cfg.temperature,
+                          {**self.env(), "AGL_BRIDGE_MAX_TOKENS": str(cfg.max_tokens)})
+        optimizer = optimizer_for(cfg.apo, loop.base_url)
+        # episodes are captured with their messages (``env``); ids only, if the user chose so
+        ids_only = os.environ.get(CAPTURE_ENV, "messages") != "messages"
+        tokenizer = cfg.model if ids_only and cfg.model else None
+        rng = random.Random(cfg.apo.seed + r)
+        live, before = self.live(), self.state()
+        pending: dict[str, dict[str, str]] = {}
+        record["apo"] = {}
+        log(f"round {r}: APO on {', '.join(cfg.agents)} from {len(self._rewards)} rewarded "
+            f"episodes, candidates on {len(tasks)} of the round's tasks ...")
+        with loop.state.timed("apo search"):
+            for agent in cfg.agents:
+                try:
+                    pool = transcripts(rdir / "spans", self._rewards,
+                                       max_chars=cfg.apo.max_episode_chars,
+                                       tokenizer=tokenizer, agent=agent)
+                except (ValueError, FileNotFoundError) as exc:
+                    log(f"round {r}: APO skips {agent}: {str(exc).splitlines()[0]}")
+                    record["apo"][agent] = {"skipped": str(exc)[:300]}
+                    continue
+                found = search_agent(
+                    agent, pool, search=cfg.apo, registry=self.registry, optimizer=optimizer,
+                    scoring=scoring, work=rdir / "apo" / agent, rng=rng,
+                    others={**live, **pending}, source=str(rdir / "spans"),
+                    log=lambda m: log(f"round {r} apo: {m}"),
+                    root_scores=None if pending else root_scores)
+                record["apo"][agent] = {
+                    "root": found.root_version, "root_score": found.root.mean,
+                    "best": found.winner.id, "best_score": found.winner.mean,
+                    "candidates": len(found.tried)}
+                if found.improved:
+                    pending[agent] = {"version": found.trial_version, "text": found.winner.text}
+        if not pending:
+            log(f"round {r}: no candidate beat the live prompts on the round's tasks")
+            record["published"] = {}
+            return
+        candidate = {**live, **pending}
+        record["candidate"] = {a: e["version"] for a, e in pending.items()}
+        publish = self._gate(r, rdir, candidate, list(pending), record)
+        if not publish:
+            loop.data["events"].append({"round": r, "event": "prompt refused",
+                                        "candidate": record["candidate"],
+                                        "reason": record["gate"]["rule"]})
+            return
+        published = {}
+        with loop.state.timed("publish"):
+            for agent, entry in pending.items():
+                info = record["apo"][agent]
+                published[agent] = self.registry.publish(agent, entry["text"], note=(
+                    f"loop round {r}: {info['best']}, {info['best_score']:.3f} vs "
+                    f"{info['root_score']:.3f} ({info['root']}) on the round's tasks")).name
+        record["published"] = published
+        loop.data["events"].append({"round": r, "event": "prompt published",
+                                    "versions": published, "previous": before,
+                                    "reason": record["gate"]["rule"], "time": time.time()})
+
+    def _gate(self, r: int, rdir: Path, candidate: Entries, changed: list[str],
+              record: dict[str, Any]) -> bool:
+        """The loop's gate between the live prompts and the candidate table, on its held-out
+        tasks, the adapters as they are live."""
+        from agl_bridge.trainer.loop.engine import log
+
+        loop, cfg = self.loop, self.cfg
+        gate_tasks = cfg.gate.tasks or cfg.eval_tasks
+        if cfg.gate.rule == "off" or gate_tasks is None:
+            record["gate"] = {"publish": True, "rule": "gate off"}
+            return True
+        adapters = dict(loop.data["live"])
+        live, cand = (loop._scores(f"round {r} gate: {label} prompts", adapters,
+                                   rdir / f"gate-{label}", gate_tasks,
+                                   temperature=loop._gate_temperature,
+                                   rollouts=cfg.gate.rollouts, prompts=prompts)
+                      for label, prompts in (("live", None), ("candidate", candidate)))
+        publish, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
+                                                   tolerance=cfg.gate.tolerance)
+        reasons = ([] if team.publish else [team.rule]) + [
+            f"role {a} worse: {d.rule}" for a, d in roles.items() if not d.publish]
+        record["gate"] = {**team.as_dict(), "publish": publish, "team_publish": team.publish,
+                          "rule": team.rule if publish else "; ".join(reasons),
+                          "temperature": loop._gate_temperature,
+                          "rollouts": cfg.gate.rollouts,
+                          "roles": {a: d.as_dict() for a, d in roles.items()}}
+        log(f"round {r} gate (prompts): {'publish' if publish else 'REFUSED'}: "
+            f"{record['gate']['rule']}")
+        return publish
