@@ -235,6 +235,10 @@ def run(demo: DemoConfig, cfg: LoopConfig, *, fresh: bool = False) -> dict:
     """The demo with resolved settings (``demo_config.demo_settings``); returns the loop's
     state data."""
     task = demo.task or ("lower" if cfg.model == "tiny" else "add")
+    if demo.apo and (cfg.algorithm != "apo" or demo.production):
+        raise SystemExit("agl-bridge demo: --apo runs the loop's algorithm apo on training "
+                         "tasks the team plays: without --production, and --algorithm apo or "
+                         "none")
     record = {**dataclasses.asdict(demo), "task": task, "model": cfg.model}
     work = cfg.work
     if fresh and work.exists():  # now, before this run writes its task files there
@@ -433,7 +437,15 @@ def summary(data: dict, base: dict, final: dict) -> str:
                      f"{episodes['success']['rate']:.1%}, team reward "
                      f"{episodes['team_reward']['mean']:.3f}, " if episodes else
                      f"  round {r['round']}: ")
-        lines[-1] += f"{r.get('transitions')} transitions -> {outcome}"
+        if r.get("lever") == "apo":  # a prompt round: candidates, not transitions
+            tried = sum(max(a.get("candidates", 1) - 1, 0) for a in r.get("apo", {}).values())
+            lines[-1] += f"APO, {tried} prompt candidate(s) -> " + (
+                outcome if r.get("gate") or r.get("held") or r.get("published")
+                else "none better than the live prompts on the round's tasks")
+        else:
+            lines[-1] += f"{r.get('transitions')} transitions -> {outcome}"
+        if r.get("prompt_rolled_back"):
+            lines[-1] += "; prompts rolled back: " + r["prompt_watch"]["reason"]
         if r.get("judge"):
             lines[-1] += f" (the judge scored {r['judge']['scored']} episodes)"
         if r.get("replay"):

@@ -32,6 +32,11 @@ class DemoConfig:
     branch: int = setting(0, help="tree sampling in training rollouts, K ways per episode and "
                                    "the best continued (0: off): --task relay, the reader's "
                                    "turn; --task flow, the planner's workflow")
+    apo: bool = setting(
+        False, help="the team on the base model only, improved through its agents' system "
+                    "prompts: the loop's algorithm apo (APO from each round's episodes, the "
+                    "served base model as the optimizer, the gate, the prompt table the team "
+                    "follows; [apo] settings as --apo.beam-width, ...); no training")
     seed: int = setting(0, help="draws the held-out and training tasks (and the tiny model); "
                                 "seeds training unless --train.seed is given")
     eval_size: int = setting(100, help="held-out tasks, drawn before any training, never "
@@ -71,7 +76,7 @@ DEMO_SETTINGS: tuple[str, ...] = (
     "max_tokens", "eval_rollouts", "eval_temperature", "min_episodes", "replay_k",
     "replay_inputs", "convert", "train", "gate.rule", "gate.tolerance", "gate.rollouts",
     "gate.temperature", "judge.max_episodes",
-    "watch.margin")
+    "watch.margin", "algorithm", "apo")
 
 # the demo's values for the loop's settings: SmolLM2-135M, LoRA on 2 CPU cores, 30 minutes
 DEMO_OVERRIDES: dict[str, Any] = {
@@ -102,10 +107,15 @@ def derived_overrides(demo: DemoConfig, loop: Any) -> dict[str, Any]:
     """The demo's values that follow from other settings (shown as ``demo`` too): the watch
     waits for a round's worth of episodes; production compares live requests across the batch
     (replayed ones within their group first), lets the judge score 32 episodes a round, and
-    fits the judge into the demo's context; training is seeded by ``seed``."""
+    fits the judge into the demo's context; training is seeded by ``seed``; ``apo`` runs the
+    loop's algorithm apo with a search small enough for a round of a few minutes."""
     out: dict[str, Any] = {"train": {"seed": demo.seed}, "watch": {
         "episodes": loop.min_episodes if demo.production else
         loop.tasks_per_round * loop.rollouts}}
+    if demo.apo:  # a small search: each candidate plays 16 of the round's questions x rollouts
+        out["algorithm"] = "apo"
+        out["apo"] = {"beam_width": 2, "branch_factor": 2, "beam_rounds": 1,
+                      "val_batch_size": 16, "max_episode_chars": 1500}
     if demo.production:
         out["max_wait_s"] = 180.0
         # room for the judge's prompt (rubric ~250 tokens, an episode cut to fit, 400 out)

@@ -199,3 +199,60 @@ def test_apo_and_lora_take_turns(tmp_path):
     plain.release()
     assert plain.prompts is None  # the prompt table is left alone
 
+
+RIGHT_SUM = "Answer with the right sum."
+
+
+def arith_world(requests: list[dict]):
+    """The demo's AutoGen team on a scripted model: the solver gets the sum right only under a
+    system prompt that asks for the right sum (its own has none), the checker restates the
+    solver's line; the optimizer proposes that prompt for the solver and a harmless one for
+    the checker."""
+    def script(body):
+        requests.append(body)
+        msgs = body["messages"]
+        if msgs[0]["content"] in (CRITIQUE_SYSTEM, REWRITE_SYSTEM):
+            if msgs[0]["content"] == CRITIQUE_SYSTEM:
+                return "Give the sum.", []
+            return ("<prompt>" + (RIGHT_SUM if "`solver`" in msgs[1]["content"] else
+                                  "Restate the solver's line.") + "</prompt>"), []
+        question = next(m["content"] for m in msgs if "Compute" in str(m["content"]))
+        a, b = map(int, re.search(r"Compute (\d+) \+ (\d+)", question).groups())
+        if "Compute" not in str(msgs[-1]["content"]):  # the checker: the solver's line again
+            return str(msgs[-1]["content"]), []
+        system = msgs[0]["content"] if msgs[0]["role"] == "system" else ""
+        return f"{a} + {b} = {a + b + (0 if RIGHT_SUM in system else 1)}", []
+    return script
+
+
+def test_demo_apo_publishes_a_prompt_the_team_then_uses(tmp_path, monkeypatch, capsys):
+    """``agl-bridge demo --apo``: the arithmetic team (AutoGen, zero-code capture) on the base
+    model only; the round's APO finds the solver a prompt, the gate passes it, and the final
+    held-out evaluation is answered through it. vLLM is stood in for by the scripted server."""
+    from types import SimpleNamespace
+
+    from agl_bridge.trainer.loop import demo, engine
+
+    requests: list[dict] = []
+    with ScriptedServer(vllm=True, script=arith_world(requests)) as server:
+        monkeypatch.setattr(engine, "start_vllm", lambda cfg: SimpleNamespace(
+            base_url=server.base_url, stop=lambda: None))
+        (tmp_path / "model").mkdir()
+        data = demo.main(["--apo", "--workdir", str(tmp_path / "demo"), "--model",
+                          str(tmp_path / "model"), "--task", "add", "--rounds", "1",
+                          "--tasks-per-round", "4", "--rollouts", "2", "--eval-size", "4",
+                          "--gate-size", "4", "--apo.beam-width", "1",
+                          "--apo.branch-factor", "1", "--apo.val-batch-size", "4"])
+    (r0,) = data["rounds"]
+    assert data["settings"]["algorithm"] == "apo"
+    assert r0["apo"]["solver"]["root"] == "solver@p0" and r0["published"] == {
+        "solver": "solver@p1"}  # the checker's rewrite tied with its own prompt: kept
+    assert r0["apo"]["checker"]["best"] == "root" and "adapters" not in r0
+    assert data["baseline"]["success"]["rate"] == 0.0 and data["final"]["success"]["rate"] == 1.0
+    assert set(episode_prompt_versions(tmp_path / "demo/final/spans").values()) == {
+        "checker@p0,solver@p1"}
+    solver_calls = [b for b in requests if b["messages"][-1]["content"].startswith("Compute")]
+    assert solver_calls[-1]["messages"][0] == {"role": "system", "content": RIGHT_SUM}
+    assert not any("lora" in str(b.get("model")) for b in requests)
+    assert "APO, 2 prompt candidate(s) -> solver@p1" in capsys.readouterr().out
+
