@@ -1,6 +1,7 @@
-"""Run under torchrun: per-agent LoRA training over the ranks. Each rank writes its final LoRA
-weights, so the test can check every rank ends with the same ones (the all-reduce worked), and
-the process group's backend (gloo, nccl; none in a world of one, which starts no group)."""
+"""Run under torchrun: per-agent LoRA training over the ranks (``ppo`` as a third argument: with
+a critic). Each rank writes its final LoRA weights (and value heads), so the test can check
+every rank ends with the same ones (the all-reduce worked), and the process group's backend
+(gloo, nccl; none in a world of one, which starts no group)."""
 
 import json
 import sys
@@ -14,6 +15,7 @@ from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.training import GRPOConfig, train_policy
 
 model_dir, out = sys.argv[1], Path(sys.argv[2])
+algorithm = sys.argv[3] if len(sys.argv) > 3 else None  # ppo: its value heads are saved too
 rows = []
 for i, (agent, reward) in enumerate([("a", 1.0), ("a", 0.0), ("a", 0.5), ("a", 0.0),
                                      ("b", 1.0), ("b", 0.0), ("b", 0.2), ("b", 0.9)]):
@@ -24,10 +26,13 @@ for i, (agent, reward) in enumerate([("a", 1.0), ("a", 0.0), ("a", 0.5), ("a", 0
                  "retokenized": False})
 result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
                       out / "adapters", policy="per_agent_lora", progress=False, keep_model=True,
-                      config=GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=1))
+                      config=GRPOConfig(learning_rate=5e-2, per_device_train_batch_size=1),
+                      algorithm=algorithm)
 grouped = dist.is_initialized()
 rank = dist.get_rank() if grouped else 0
 lora = {k: v.detach().clone() for k, v in result.model.named_parameters() if "lora_" in k}
+if result.critic is not None:
+    lora |= {f"critic.{k}": v.detach().clone() for k, v in result.critic.named_parameters()}
 save_file(lora, str(out / f"rank{rank}.safetensors"))  # tensors without pickle
 (out / f"rank{rank}.json").write_text(json.dumps({
     "steps": result.steps, "adapters": sorted(result.adapters),

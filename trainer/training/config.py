@@ -147,6 +147,7 @@ class TrainResult:
     metrics: list[dict[str, Any]]
     metrics_path: Path | None = None
     model: Any = None  # the trained peft model, when asked for (keep_model=True)
+    critic: Any = None  # ppo: its value heads (critic.ValueHeads), when asked for
 
     @property
     def adapter_dir(self) -> Path:  # the single adapter of a shared policy

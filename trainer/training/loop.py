@@ -414,14 +414,15 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
                             metrics, heads, targets if ppo else None)
     bar.close()
     kept = model if keep_model else None
+    kept_critic = heads if keep_model else None
     gathered = full_lora_state(forward) if sharded else None  # a collective: all ranks gather
     if rank != 0:  # every rank holds the same weights; one writes them
-        return TrainResult({}, step, metrics, metrics_file, kept)
+        return TrainResult({}, step, metrics, metrics_file, kept, kept_critic)
     adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
                             sum(r["adapter"] == name for r in rows), step, metrics, data,
                             objective, gathered, heads, algorithm, gamma)
                 for name in names}
-    return TrainResult(adapters, step, metrics, metrics_file, kept)
+    return TrainResult(adapters, step, metrics, metrics_file, kept, kept_critic)
 
 
 def _grpo_loss(forward: PolicyForward, batch: dict[str, torch.Tensor], logp: torch.Tensor,

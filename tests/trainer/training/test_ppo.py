@@ -160,3 +160,22 @@ def test_ppo_from_spans_places_each_reward_at_the_end_of_its_turn(tiny, tmp_path
     saved = json.loads((run.output_dir / "run.json").read_text())
     assert saved["settings"]["convert"]["algorithm"] == "ppo"
     assert saved["settings"]["train"]["lam"] == 0.95
+
+
+def test_two_process_data_parallel_ppo_ends_with_the_same_policy_and_critic(tiny, tmp_path):
+    """torchrun, 2 CPU processes: both compute the same GAE targets, train half the batches
+    each, and end with the same LoRA weights and value heads, which moved."""
+    import subprocess
+    import sys
+
+    from tests.paths import TESTS
+
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", str(TESTS / "distributed_train.py"), str(tiny),
+                          str(tmp_path), "ppo"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    r0, r1 = (load_file(str(tmp_path / f"rank{i}.safetensors")) for i in (0, 1))
+    assert r0.keys() == r1.keys() and any(k.startswith("critic.") for k in r0)
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    assert all(r0[k].abs().sum() > 0 for k in r0 if k.startswith("critic.") and "weight" in k)
+    assert (tmp_path / "adapters" / "a" / "v0001" / VALUE_HEAD_FILE).exists()
