@@ -256,3 +256,44 @@ def test_demo_apo_publishes_a_prompt_the_team_then_uses(tmp_path, monkeypatch, c
     assert not any("lora" in str(b.get("model")) for b in requests)
     assert "APO, 2 prompt candidate(s) -> solver@p1" in capsys.readouterr().out
 
+
+def test_apo_and_lora_in_turn_on_one_team(tmp_path, tiny):
+    """``algorithm = "apo+lora"``: round 0 publishes a prompt version, round 1 (after the
+    watch kept it) trains an adapter from episodes played under it and gates it under it too;
+    the team ends on both. A tiny model trains; the scripted server has vLLM's LoRA endpoints
+    and answers by the system prompt alone."""
+    requests: list[dict] = []
+
+    def script(body):
+        requests.append(body)
+        system = body["messages"][0]["content"]
+        if system == CRITIQUE_SYSTEM:
+            return "Say the number.", []
+        if system == REWRITE_SYSTEM:
+            return f"<prompt>{DIGITS}</prompt>", []
+        match = re.search(r"say (\d+)", body["messages"][-1]["content"])
+        if match is None:  # the publisher's probe of a loaded adapter
+            return "ok", []
+        return (match.group(1) if system == DIGITS else "hello"), []
+
+    team = f"{sys.executable} {AGENTS / 'loop_team.py'}"  # asks for the alias, no system prompt
+    with ScriptedServer(vllm=True, lora=True, base_model="base", script=script,
+                        completion_ids=[11, 12]) as server:
+        cfg = setup(tmp_path, server, train=list(range(2, 10)), held_out=[50, 52, 54, 56],
+                    algorithm="apo+lora", model=str(tiny), team=team,
+                    **{"train.learning_rate": 1e-2, "train.per_device_train_batch_size": 4,
+                       "train.lora_r": 4, "train.lora_alpha": 8,
+                       "train.policy": "per_agent_lora"})
+        data = Loop(cfg).run()
+    r0, r1 = data["rounds"]
+    assert r0["lever"] == "apo" and r0["published"] == {"solver": "solver@p1"}
+    assert "adapters" not in r0  # nothing trained in a prompt round
+    assert r1["lever"] == "lora" and r1["prompt_watch"]["verdict"] == "keep"
+    assert r1["published"] == {"solver": "solver@v1"} and r1["gate"]["difference"] == 0.0
+    # the adapter was gated, and the team ends, under the published prompt
+    v1 = [b for b in requests if b["model"] == "solver@v1"
+          and b["messages"][-1]["content"].startswith("say")]  # not the publisher's probe
+    assert v1 and {b["messages"][0]["content"] for b in v1} == {DIGITS}
+    assert data["live"] == {"solver": "solver@v1"} and data["final"]["score"] == 1.0
+    assert PromptRegistry(tmp_path / "registry").read_live() == {"solver": "solver@p1"}
+    assert any(" prompts solver@p1#" in key for key in data["evals"])
