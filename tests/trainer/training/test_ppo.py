@@ -179,3 +179,27 @@ def test_two_process_data_parallel_ppo_ends_with_the_same_policy_and_critic(tiny
     assert all(torch.equal(r0[k], r1[k]) for k in r0)
     assert all(r0[k].abs().sum() > 0 for k in r0 if k.startswith("critic.") and "weight" in k)
     assert (tmp_path / "adapters" / "a" / "v0001" / VALUE_HEAD_FILE).exists()
+
+
+def test_ppo_raises_the_likelihood_of_the_rewarded_turns(tiny, tmp_path):
+    """One prompt, two answers: the one that ends its episode with reward 1 gains log-probability
+    against the one with 0, measured with the trained adapter on and off (the base)."""
+    from agl_bridge.trainer.training.data import collate
+    from agl_bridge.trainer.training.model import completion_logprobs
+
+    data = episodes([1.0, 0.0, 1.0, 0.0])  # e0, e2 answer [60, ...], [62, ...]: rewarded
+    result = train_policy(data, tiny, tmp_path, algorithm="ppo", keep_model=True,
+                          config=config(num_train_epochs=4, learning_rate=2e-2),
+                          progress=False)
+    rows = [r for r in data.to_pylist() if r["turn_index"] == 1]
+    batch = collate(rows, 0, torch.device("cpu"))
+    model = result.model
+    model.eval()
+    with torch.no_grad():
+        trained = (completion_logprobs(model, batch) * batch["loss_mask"]).sum(-1)
+        with model.disable_adapter():
+            base = (completion_logprobs(model, batch) * batch["loss_mask"]).sum(-1)
+    gain = (trained - base).tolist()
+    rewarded = [g for g, r in zip(gain, rows) if r["reward"] == 1.0]
+    others = [g for g, r in zip(gain, rows) if r["reward"] == 0.0]
+    assert min(rewarded) > max(others)
