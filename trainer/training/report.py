@@ -40,12 +40,13 @@ NUMERIC_FIELDS = (
     "step", "micro_batch", "loss", "grad_norm", "reward_mean", "reward_std", "advantage_mean",
     "advantage_abs_mean", "tokens", "tokens_per_s", "memory_mb", "learning_rate",
     "clip_fraction", "ratio_mean", "kl", "importance_weight_mean", "behaviour_logprob_abs_diff",
-    "skipped_zero_variance",
+    "skipped_zero_variance", "policy_loss", "value_loss", "value_clip_fraction", "value_mean",
+    "return_mean", "value_grad_norm",
 )
 # Fields summarised per adapter as final (last finite) and mean (over finite values).
 SUMMARY_FIELDS = (
     "loss", "reward_mean", "advantage_mean", "advantage_abs_mean", "kl", "clip_fraction",
-    "importance_weight_mean", "behaviour_logprob_abs_diff",
+    "importance_weight_mean", "behaviour_logprob_abs_diff", "value_loss", "value_mean",
 )
 MAX_LISTED_PROBLEMS = 50  # in the HTML; all are counted
 
@@ -70,6 +71,9 @@ PANELS = [
           [("reward_mean", "", "-")], band=("reward_mean", "reward_std")),
     Panel("advantage", "Advantage: mean (solid) and mean |advantage| (dashed)", "advantage",
           [("advantage_mean", " mean", "-"), ("advantage_abs_mean", " |adv| mean", "--")]),
+    Panel("critic", "PPO's critic: value loss (solid), mean value (dashed), mean return "
+          "(dotted)", "value", [("value_loss", " value loss", "-"), ("value_mean", " value", "--"),
+                                ("return_mean", " return", ":")]),
     Panel("kl", "KL(policy ‖ base), k3 estimator (0 when beta = 0)", "KL", [("kl", "", "-")]),
     Panel("clip_fraction", "Clip fraction (tokens whose ratio was clipped)", "fraction",
           [("clip_fraction", "", "-")]),

@@ -278,3 +278,24 @@ def test_adapter_names_are_data_not_markup(tmp_path):
     assert "<b>" not in page and "_$x^2$ &lt;b&gt;&amp;amp;" in page
     assert name in embedded_summary(page)["adapters"]
     check_pngs(tmp_path / "out", ["loss"])
+
+
+def test_a_ppo_run_gets_the_critics_panel_and_a_grpo_run_none(tmp_path):
+    lines = [{"step": i + 1, "micro_batch": i, "adapter": "policy", "loss": 0.5 - 0.1 * i,
+              "policy_loss": 0.0, "value_loss": 0.5 - 0.1 * i, "value_mean": 0.2 * i,
+              "return_mean": 1.0, "value_grad_norm": 0.3} for i in range(4)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records, problems = load_metrics(metrics)
+    assert not problems
+    s = summarise(records, problems)
+    assert s["adapters"]["policy"]["final"]["value_loss"] == pytest.approx(0.2)
+    assert s["adapters"]["policy"]["mean"]["value_mean"] == pytest.approx(0.3)
+    render(records, tmp_path / "out")
+    check_pngs(tmp_path / "out", ["critic", "loss"])
+    assert "value_loss final / mean" in (tmp_path / "out" / "report.html").read_text()
+    grpo = [{k: v for k, v in line.items() if "value" not in k and "return" not in k}
+            for line in lines]
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in grpo))
+    render(load_metrics(metrics)[0], tmp_path / "out")
+    assert not (tmp_path / "out" / "critic.png").exists()  # no data: no panel, stale one gone
