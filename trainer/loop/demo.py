@@ -408,6 +408,8 @@ def finish(work: Path, data: dict) -> dict:
 
 def _measure(m: dict) -> str:
     """A rate or a mean with its 95% interval, as the summary prints it."""
+    if m.get("n") == 0:
+        return "none"  # a rate of nothing (no votes cast): not a number
     if "rate" in m:
         return f"{m['rate']:.1%} [{m['low']:.1%}, {m['high']:.1%}]"
     return f"{m['mean']:.2f} [{m['low']:.2f}, {m['high']:.2f}]"
