@@ -203,3 +203,16 @@ def test_ppo_raises_the_likelihood_of_the_rewarded_turns(tiny, tmp_path):
     rewarded = [g for g, r in zip(gain, rows) if r["reward"] == 1.0]
     others = [g for g, r in zip(gain, rows) if r["reward"] == 0.0]
     assert min(rewarded) > max(others)
+
+
+def test_ppo_settings_out_of_range_and_sft_are_refused_before_any_model_loads(tmp_path):
+    for bad, match in [({"lam": 1.5}, "lam must be in"), ({"vf_coef": -1.0}, "vf_coef"),
+                       ({"cliprange_value": 0.0}, "cliprange_value"),
+                       ({"critic_learning_rate": 0.0}, "critic_learning_rate")]:
+        with pytest.raises(ValueError, match=match):
+            GRPOConfig(**bad)
+    data = episodes([1.0, 0.0])
+    with pytest.raises(ValueError, match="algorithm ppo trains with objective grpo"):
+        train_policy(data, tmp_path / "no-model", tmp_path, algorithm="ppo", objective="sft")
+    with pytest.raises(ValueError, match="gamma must be in"):
+        train_policy(data, tmp_path / "no-model", tmp_path, algorithm="ppo", gamma=1.5)
