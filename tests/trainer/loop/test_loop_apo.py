@@ -162,6 +162,19 @@ def test_the_watch_rolls_back_a_prompt_version_whose_reward_dropped(tmp_path):
     assert history == {"solver@p0": "live", "solver@p1": "retired"}
 
 
+def test_an_optimizer_that_cannot_be_reached_skips_the_agent(tmp_path):
+    """The loop goes on: the round records why, nothing is published, the team is unchanged."""
+    world = World([DIGITS])
+    with ScriptedServer(vllm=True, script=world) as server:
+        data = Loop(setup(tmp_path, server, train=[2, 4, 6, 8], held_out=None, rounds=1,
+                          **{"gate.rule": "off",
+                             "apo.optimizer_base_url": "http://127.0.0.1:9/v1"})).run()
+    (r0,) = data["rounds"]
+    assert "cannot reach http://127.0.0.1:9/v1" in r0["apo"]["solver"]["failed"]
+    assert r0["published"] == {} and data["events"] == []
+    assert world.rewrites == [DIGITS] and not world.critiques  # never asked
+
+
 def test_apo_settings(tmp_path):
     base = dict(workdir=str(tmp_path / "w"), server="http://127.0.0.1:9/v1", agents=["solver"],
                 team="python t.py", tasks="t.jsonl", gate={"rule": "off"})

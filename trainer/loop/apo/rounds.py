@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from agl_bridge.capture import CAPTURE_ENV
 from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_name
+from agl_bridge.trainer.judging.client import JudgeHTTPError
 from agl_bridge.trainer.loop.apo.run import Scoring, live_entries, optimizer_for, search_agent
 from agl_bridge.trainer.loop.apo.transcripts import converted_rewards, transcripts
 from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
@@ -235,12 +236,17 @@ class PromptLever:
                     log(f"round {r}: APO skips {agent}: {str(exc).splitlines()[0]}")
                     record["apo"][agent] = {"skipped": str(exc)[:300]}
                     continue
-                found = search_agent(
-                    agent, pool, search=cfg.apo, registry=self.registry, optimizer=optimizer,
-                    scoring=scoring, work=rdir / "apo" / agent, rng=rng,
-                    others={**live, **pending}, source=str(rdir / "spans"),
-                    log=lambda m: log(f"round {r} apo: {m}"),
-                    root_scores=None if pending else root_scores)
+                try:
+                    found = search_agent(
+                        agent, pool, search=cfg.apo, registry=self.registry,
+                        optimizer=optimizer, scoring=scoring, work=rdir / "apo" / agent,
+                        rng=rng, others={**live, **pending}, source=str(rdir / "spans"),
+                        log=lambda m: log(f"round {r} apo: {m}"),
+                        root_scores=None if pending else root_scores)
+                except JudgeHTTPError as exc:  # the optimizer failed: this agent waits
+                    log(f"round {r}: APO skips {agent}: the optimizer failed: {exc}")
+                    record["apo"][agent] = {"failed": str(exc)[:300]}
+                    continue
                 record["apo"][agent] = {
                     "root": found.root_version, "root_score": found.root.mean,
                     "best": found.winner.id, "best_score": found.winner.mean,
