@@ -26,9 +26,17 @@ def summary_text(data: dict[str, Any]) -> str:
             outcome = "nothing to train on"
         else:
             outcome = f"refused: {gate.get('rule', '')}"
-        line = f"  round {r['round']}: {r.get('transitions') or 0} transitions; {outcome}"
+        if r.get("lever") == "apo":  # a prompt round (algorithm apo): candidates, not training
+            tried = sum(max(a.get("candidates", 1) - 1, 0) for a in r.get("apo", {}).values())
+            if not (r.get("published") or gate or r.get("held")):
+                outcome = "no candidate beat the live prompts on the round's tasks"
+            line = f"  round {r['round']}: APO, {tried} prompt candidate(s); {outcome}"
+        else:
+            line = f"  round {r['round']}: {r.get('transitions') or 0} transitions; {outcome}"
         if r.get("rolled_back"):
             line += f"; rolled back: {r['watch']['reason']}"
+        if r.get("prompt_rolled_back"):
+            line += f"; prompts rolled back: {r['prompt_watch']['reason']}"
         lines.append(line)
     secs = data["seconds"]
     lines.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items())

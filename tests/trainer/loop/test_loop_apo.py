@@ -19,6 +19,7 @@ from agl_bridge.trainer.loop.apo.optimizer import CRITIQUE_SYSTEM, REWRITE_SYSTE
 from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop
+from agl_bridge.trainer.loop.summary import summary_text
 from agl_bridge.trainer.loop.team import write_tasks
 from agl_bridge.trainer.serving.prompts import PromptRegistry
 from tests.paths import AGENTS
@@ -114,6 +115,9 @@ def test_a_candidate_is_published_and_the_team_follows_it(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "loop/round00/apo/solver/candidates.jsonl")
             .read_text().splitlines()]
     assert [r["text"] for r in rows] == [OWN, DIGITS] and f"+{DIGITS}" in rows[1]["diff"]
+    text = summary_text(data)  # the loop's summary.txt
+    assert "round 0: APO, 1 prompt candidate(s); published solver@p1" in text
+    assert "round 1: APO, 1 prompt candidate(s); no candidate beat the live prompts" in text
 
 
 def test_the_gate_refuses_a_candidate_worse_on_held_out_tasks(tmp_path):
@@ -160,6 +164,7 @@ def test_the_watch_rolls_back_a_prompt_version_whose_reward_dropped(tmp_path):
     history = {v.name: v.state for v in PromptRegistry(tmp_path / "registry")
                .read_history()["solver"]}
     assert history == {"solver@p0": "live", "solver@p1": "retired"}
+    assert "; prompts rolled back: live reward 0.000 over 8 episodes" in summary_text(data)
 
 
 def test_an_optimizer_that_cannot_be_reached_skips_the_agent(tmp_path):
