@@ -192,6 +192,14 @@ def _gate(record: dict) -> str:
             f"over {gate['n']}")
 
 
+def _changed(record: dict) -> object:
+    """The round's transitions, or for a prompt round (algorithm apo) the candidates tried."""
+    if record.get("lever") != "apo":
+        return record.get("transitions")
+    tried = sum(max(a.get("candidates", 1) - 1, 0) for a in record.get("apo", {}).values())
+    return f"APO: {tried} prompt candidate(s)"
+
+
 def _sampling(settings: dict) -> str:
     t = settings.get("eval_temperature", 0)
     return "greedily" if t == 0 else f"by sampling at temperature {t}"
@@ -209,7 +217,8 @@ def write_report(work: Path, data: dict) -> Path:
             f"sampled for training, answered "
             f"{_sampling(s)}"
             f" ({s.get('eval_rollouts', 1)} episode(s) per task); resumed "
-            f"{data.get('resumed', 0)} time(s).</p>"]
+            f"{data.get('resumed', 0)} time(s); algorithm {s.get('algorithm', 'lora')} "
+            f"(what a round changes: lora, the adapters; apo, the prompts).</p>"]
     if base and final:
         diff = (final["success"]["rate"] - base["success"]["rate"]) * 100
         body += [f"<h2>Held-out team success: {base['success']['rate']:.1%} &rarr; "
@@ -231,7 +240,7 @@ def write_report(work: Path, data: dict) -> Path:
                         [[r["round"], r.get("team", {}).get("episodes", "–"),
                           _pct(r["episodes"]["success"]) if "episodes" in r else "–",
                           _mean(r["episodes"]["team_reward"]) if "episodes" in r else "–",
-                          r.get("transitions"), r.get("steps"), r.get("zero_variance_groups"),
+                          _changed(r), r.get("steps"), r.get("zero_variance_groups"),
                           _gate(r), ", ".join(r.get("published", {}).values()) or "–",
                           f"{r['seconds']:.0f}"] for r in data["rounds"]])]
         if data.get("served"):

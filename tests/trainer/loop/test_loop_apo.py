@@ -273,6 +273,8 @@ def test_demo_apo_publishes_a_prompt_the_team_then_uses(tmp_path, monkeypatch, c
     assert solver_calls[-1]["messages"][0] == {"role": "system", "content": RIGHT_SUM}
     assert not any("lora" in str(b.get("model")) for b in requests)
     assert "APO, 2 prompt candidate(s) -> solver@p1" in capsys.readouterr().out
+    page = (tmp_path / "demo/report.html").read_text()
+    assert "algorithm apo" in page and "APO: 2 prompt candidate(s)" in page
 
 
 def test_apo_and_lora_in_turn_on_one_team(tmp_path, tiny):
