@@ -445,7 +445,8 @@ def summary(data: dict, base: dict, final: dict) -> str:
                 outcome if r.get("gate") or r.get("held") or r.get("published")
                 else "none better than the live prompts on the round's tasks")
         else:
-            lines[-1] += f"{r.get('transitions')} transitions -> {outcome}"
+            lines[-1] += (outcome if r.get("held") else
+                          f"{r.get('transitions')} transitions -> {outcome}")
         if r.get("prompt_rolled_back"):
             lines[-1] += "; prompts rolled back: " + r["prompt_watch"]["reason"]
         if r.get("judge"):
