@@ -182,14 +182,19 @@ class AliasTable(WatchedTable):
 class HttpAliasTable:
     """An alias table served over HTTP, polled in a daemon thread; ``resolve`` reads the last
     good table and never raises or waits. A poll that fails or returns an unusable table is
-    reported once per kind of failure and changes nothing (the last good table stays)."""
+    reported once per kind of failure and changes nothing (the last good table stays).
+    The prompt table over HTTP is this poller with another ``parse`` (``agl_bridge.prompts``).
+    """
+
+    kind = "alias table"  # how warnings name it
+    env = ALIASES_ENV
 
     def __init__(self, url: str, poll_s: float = DEFAULT_POLL_S, timeout_s: float = 5.0
                  ) -> None:
         if not poll_s > 0:
             raise ValueError(f"the poll interval must be positive, got {poll_s}")
         self.url, self.poll_s, self.timeout_s = url, poll_s, timeout_s
-        self._aliases: dict[str, str] | None = None
+        self._aliases: dict[str, Any] | None = None
         self._etag: str | None = None
         self._problem: str | None = None  # the failure reported last (once per kind)
         self._fetched = threading.Event()  # the first poll is done, good or bad
@@ -199,12 +204,25 @@ class HttpAliasTable:
         self._thread.start()
 
     def resolve(self, name: str) -> str | None:
+        value = self.lookup(name)
+        return value if isinstance(value, str) else None
+
+    def lookup(self, name: str) -> Any:
+        """The last good table's entry for ``name`` (None when it has none)."""
         if not isinstance(name, str):
             return None
         if not self._fetched.is_set():  # the process's first calls: wait for the first poll
             self._fetched.wait(self.timeout_s)
         aliases = self._aliases
         return aliases.get(name) if aliases else None
+
+    def parse(self, data: Any) -> dict[str, Any]:
+        """The table in a response's JSON; raises ``AliasFileError`` saying what is wrong."""
+        return parse_aliases(data)
+
+    def kept(self) -> str:
+        """What an agent does while the table is unusable."""
+        return _kept(self._aliases)
 
     def close(self) -> None:
         self._stop.set()
@@ -243,7 +261,7 @@ class HttpAliasTable:
             req = urllib.request.Request(self.url, headers=headers)
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
                 raw, etag = r.read(), r.headers.get("ETag")
-            aliases = parse_aliases(json.loads(raw))
+            aliases = self.parse(json.loads(raw))
         except urllib.error.HTTPError as exc:
             if exc.code != 304:  # 304: not modified
                 self._report(f"it answered HTTP {exc.code}")
@@ -255,15 +273,15 @@ class HttpAliasTable:
             self._report(f"it is not valid JSON ({type(exc).__name__})")
             return
         if self._problem is not None:
-            logger.info("agl_bridge: alias table %s is usable again", self.url)
+            logger.info("agl_bridge: %s %s is usable again", self.kind, self.url)
         self._aliases, self._etag, self._problem = aliases, etag, None
 
     def _report(self, what: str) -> None:
         if what == self._problem:
             return
         self._problem = what
-        logger.warning("agl_bridge: alias table %s (%s) is not usable: %s; %s",
-                       self.url, ALIASES_ENV, what, _kept(self._aliases))
+        logger.warning("agl_bridge: %s %s (%s) is not usable: %s; %s",
+                       self.kind, self.url, self.env, what, self.kept())
 
 
 _default: AliasTable | HttpAliasTable | None = None

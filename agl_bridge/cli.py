@@ -17,7 +17,7 @@
     agl-bridge apo SPANS --workdir W --config apo.toml   prompt candidates, gated, published
     agl-bridge prompts publish|rollback|history|diff   prompt versions in a registry
     agl-bridge replay SPANS --team CMD --out DIR    stored episodes' inputs played K times again
-    agl-bridge aliases-serve --registry DIR         the alias table over HTTP, for other hosts
+    agl-bridge aliases-serve --registry DIR         alias and prompt tables over HTTP, other hosts
 
 Commands with settings (demo, loop, convert, train, export, judge, serve) take them as flags
 and as a file (``--config``) with the same names, and show the values a run would use
@@ -187,8 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_flags(v, ServeConfig)
     v.set_defaults(func=commands.serve)
 
-    s = sub.add_parser("aliases-serve", help="serve the registry's alias table over HTTP, for "
-                                             "agents on hosts that do not share its filesystem")
+    s = sub.add_parser("aliases-serve", help="serve the registry's alias and prompt tables "
+                                             "over HTTP (/aliases, /prompts), for agents on "
+                                             "hosts that do not share its filesystem")
     settings.add_flags(s, ServeConfig, only=("registry",))
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (0.0.0.0: every interface; read-only)")

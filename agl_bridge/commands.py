@@ -284,7 +284,8 @@ def aliases_serve(args: argparse.Namespace) -> int:
     registry = ServeConfig(**given_flags(args, ServeConfig)).registry_dir
     server = AliasServer(registry, args.host, args.port)
     print(f"alias table {Path(registry).resolve() / ALIASES_FILE} at {server.url}: "
-          f"agents set AGL_BRIDGE_ALIASES={server.url}; Ctrl-C stops", flush=True)
+          f"agents set AGL_BRIDGE_ALIASES={server.url} (and AGL_BRIDGE_PROMPTS="
+          f"{server.prompts_url} for the prompt table); Ctrl-C stops", flush=True)
     signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
         server.serve_forever()

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agl_bridge.aliases import AliasFileError, WatchedTable
+from agl_bridge.aliases import AliasFileError, HttpAliasTable, WatchedTable, _poll_s
 
 PROMPTS_ENV = "AGL_BRIDGE_PROMPTS"
 TABLE_KEY = "prompts"
@@ -119,12 +119,34 @@ class PromptTable(WatchedTable):
         return entry if isinstance(entry, LivePrompt) else None
 
 
-_default: tuple[str, PromptTable] | None = None  # (the variable's value, its table)
+class HttpPromptTable(HttpAliasTable):
+    """The prompt table served over HTTP (``agl-bridge aliases-serve``: ``GET /prompts``),
+    polled as the alias table is: ``live`` reads the last good table and never raises; the
+    process's first call waits for the first poll (at most the timeout)."""
+
+    kind = "prompt table"
+    env = PROMPTS_ENV
+
+    def parse(self, data: Any) -> dict[str, Any]:
+        return dict(parse_prompts(data))
+
+    def kept(self) -> str:
+        table = self._aliases
+        return (f"keeping the table read before ({len(table)} agents)" if table is not None
+                else "no prompt is swapped until it is fixed (agents keep their own)")
+
+    def live(self, agent: str) -> LivePrompt | None:
+        entry = self.lookup(agent)
+        return entry if isinstance(entry, LivePrompt) else None
+
+
+_default: tuple[str, PromptTable | HttpPromptTable] | None = None  # (the variable, its table)
 _default_lock = threading.Lock()
 
 
-def default_prompt_table() -> PromptTable | None:
-    """The table named by ``AGL_BRIDGE_PROMPTS``, or None (then no prompt is swapped)."""
+def default_prompt_table() -> PromptTable | HttpPromptTable | None:
+    """The table named by ``AGL_BRIDGE_PROMPTS`` (a path, or an ``http(s)://`` URL polled every
+    ``AGL_BRIDGE_ALIASES_POLL_S``), or None (then no prompt is swapped)."""
     global _default
     path = os.environ.get(PROMPTS_ENV)
     if not path:
@@ -133,6 +155,10 @@ def default_prompt_table() -> PromptTable | None:
     if current is None or current[0] != path:
         with _default_lock:
             if _default is None or _default[0] != path:
-                _default = (path, PromptTable(path))
+                old = _default[1] if _default is not None else None
+                _default = (path, HttpPromptTable(path, _poll_s())
+                            if path.startswith(("http://", "https://")) else PromptTable(path))
+                if isinstance(old, HttpPromptTable):
+                    old.close()
             current = _default
     return current[1]

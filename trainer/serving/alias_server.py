@@ -5,7 +5,10 @@ is on disk. The publisher replaces that file atomically (temp file + rename), so
 the old table or the new one, never a mix; its ETag is a hash of the bytes, and a poll whose
 ``If-None-Match`` matches gets ``304 Not Modified`` with no body. Agents set
 ``AGL_BRIDGE_ALIASES=http://<host>:<port>/aliases`` (``agl_bridge.aliases.HttpAliasTable``).
-Read-only: nothing a request sends changes anything. ``agl-bridge aliases-serve`` runs it.
+``GET /prompts`` is the registry's prompt table (``prompts.json``, written the same way) by the
+same rules, for ``AGL_BRIDGE_PROMPTS=http://<host>:<port>/prompts``
+(``agl_bridge.prompts.HttpPromptTable``). Read-only: nothing a request sends changes anything.
+``agl-bridge aliases-serve`` runs it.
 """
 
 from __future__ import annotations
@@ -16,25 +19,30 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from agl_bridge.trainer.serving.prompts import PROMPTS_FILE
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
 PATH = "/aliases"
+PROMPTS_PATH = "/prompts"
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] != PATH:
-            self._send(404, b'{"error": "not found: GET /aliases"}')
+        path = self.path.split("?", 1)[0]
+        if path not in (PATH, PROMPTS_PATH):
+            self._send(404, b'{"error": "not found: GET /aliases or /prompts"}')
             return
+        what = "alias table" if path == PATH else "prompt table"
         try:
-            body = self.server.aliases_file.read_bytes()
+            body = (self.server.aliases_file if path == PATH else
+                    self.server.prompts_file).read_bytes()
         except FileNotFoundError:
-            self._send(404, b'{"error": "no alias table yet: nothing was published"}')
+            self._send(404, f'{{"error": "no {what} yet: nothing was published"}}'.encode())
             return
         except OSError as exc:
-            self._send(503, f'{{"error": "alias table unreadable: {type(exc).__name__}"}}'
+            self._send(503, f'{{"error": "{what} unreadable: {type(exc).__name__}"}}'
                        .encode())
             return
         etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
@@ -62,16 +70,19 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     aliases_file: Path
+    prompts_file: Path
 
 
 class AliasServer:
-    """Serves ``<registry>/aliases.json`` at ``http://host:port/aliases`` from a thread (or,
-    with ``serve_forever``, from the caller's). ``port=0``: a free port (see ``url``)."""
+    """Serves ``<registry>/aliases.json`` at ``http://host:port/aliases`` and
+    ``<registry>/prompts.json`` at ``/prompts`` from a thread (or, with ``serve_forever``, from
+    the caller's). ``port=0``: a free port (see ``url`` and ``prompts_url``)."""
 
     def __init__(self, registry: str | os.PathLike[str], host: str = "127.0.0.1",
                  port: int = 0) -> None:
         self.httpd = _Server((host, port), _Handler)
         self.httpd.aliases_file = Path(registry) / ALIASES_FILE
+        self.httpd.prompts_file = Path(registry) / PROMPTS_FILE
         self._thread: threading.Thread | None = None
 
     @property
@@ -80,6 +91,10 @@ class AliasServer:
         if isinstance(host, bytes):
             host = host.decode()
         return f"http://{host}:{port}{PATH}"
+
+    @property
+    def prompts_url(self) -> str:
+        return self.url[:-len(PATH)] + PROMPTS_PATH
 
     def start(self) -> AliasServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever,

@@ -97,6 +97,54 @@ def test_only_the_agent_named_is_swapped(registry, spans, instrumented):
     assert versions == ["reviewer@p0", None, "writer@p1"]
 
 
+def test_the_table_over_http_for_agents_on_other_hosts(tmp_path, spans, instrumented,
+                                                       monkeypatch, caplog):
+    """``agl-bridge aliases-serve`` serves the registry's prompt table at ``/prompts``; an agent
+    with ``AGL_BRIDGE_PROMPTS`` set to that URL follows publishes and rollbacks by polling, and
+    keeps the last good table while the server is gone."""
+    import time
+
+    from agl_bridge.prompts import HttpPromptTable, default_prompt_table
+    from agl_bridge.trainer.serving.alias_server import AliasServer
+
+    reg = PromptRegistry(tmp_path / "reg")
+    monkeypatch.setenv("AGL_BRIDGE_ALIASES_POLL_S", "0.05")
+    with ScriptedServer(vllm=False) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        with AliasServer(reg.directory) as tables:
+            monkeypatch.setenv(PROMPTS_ENV, tables.prompts_url)
+            assert tables.prompts_url.endswith("/prompts")
+            with caplog.at_level(logging.WARNING):
+                ask(client)  # nothing published yet: 404, the agent's own prompt
+            assert "prompt table http" in caplog.text and "HTTP 404" in caplog.text
+            table = default_prompt_table()
+            assert isinstance(table, HttpPromptTable)
+
+            def until(version):
+                deadline = time.monotonic() + 5
+                while getattr(table.live("writer"), "version", None) != version:
+                    assert time.monotonic() < deadline, f"{version} never reached the poller"
+                    time.sleep(0.01)
+
+            reg.publish("writer", "Served over HTTP.")
+            until("writer@p1")
+            ask(client)
+            reg.rollback("writer", "p0")
+            until("writer@p0")
+            ask(client)
+            reg.publish("writer", "Second.")
+            until("writer@p2")
+        with caplog.at_level(logging.WARNING):
+            time.sleep(0.3)  # the table's server is gone: polls fail, the last good table stays
+            ask(client)
+    assert "keeping the table read before (1 agents)" in caplog.text
+    assert systems(server) == ["You write.", "Served over HTTP.", "You write.", "Second."]
+    assert [s.attributes[sc.PROMPT_VERSION] for s in chat_spans(spans)] == \
+        ["writer@p0", "writer@p1", "writer@p0", "writer@p2"]
+    monkeypatch.delenv(PROMPTS_ENV)
+    table.close()
+
+
 def test_off_unless_asked(tmp_path, spans, instrumented, monkeypatch):
     monkeypatch.delenv(PROMPTS_ENV, raising=False)
     assert prompt_swap_enabled()  # the instrumentor turns it on; without a table it does nothing
