@@ -120,11 +120,14 @@ def test_a_candidate_is_published_and_the_team_follows_it(tmp_path):
     assert "round 1: APO, 1 prompt candidate(s); no candidate beat the live prompts" in text
 
 
-def test_the_gate_refuses_a_candidate_worse_on_held_out_tasks(tmp_path):
+@pytest.mark.parametrize("vllm", [True, False], ids=["vllm", "hosted-api-no-token-ids"])
+def test_the_gate_refuses_a_candidate_worse_on_held_out_tasks(tmp_path, vllm):
     """SMALL is right on every training number (below 100) and wrong on every held-out one
-    (100 and more), where the solver's own prompt is right: refused, never live."""
+    (100 and more), where the solver's own prompt is right: refused, never live. A server
+    that is not vLLM returns no token ids, so conversion gives no rewards: the round's episodes
+    are rewarded by the team's own result lines."""
     world = World([SMALL])
-    with ScriptedServer(vllm=True, script=world) as server:
+    with ScriptedServer(vllm=vllm, script=world) as server:
         data = Loop(setup(tmp_path, server, train=[2, 4, 6, 8], held_out=[100, 102, 104, 106],
                           rounds=1)).run()
     (r0,) = data["rounds"]

@@ -42,7 +42,11 @@ from agl_bridge.capture import CAPTURE_ENV
 from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_name
 from agl_bridge.trainer.judging.client import JudgeHTTPError
 from agl_bridge.trainer.loop.apo.run import Scoring, live_entries, optimizer_for, search_agent
-from agl_bridge.trainer.loop.apo.transcripts import converted_rewards, transcripts
+from agl_bridge.trainer.loop.apo.transcripts import (
+    converted_rewards,
+    result_rewards,
+    transcripts,
+)
 from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
 from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
 from agl_bridge.trainer.loop.team import read_results, role_scores, task_scores
@@ -134,6 +138,8 @@ class PromptLever:
         record["lever"] = "apo" if self.turn(r) else "lora"
         spans = rdir / "spans"
         self._rewards = converted_rewards(spans, cfg.convert) if spans.is_dir() else {}
+        if not self._rewards:  # no token ids (a hosted API): conversion has nothing; the
+            self._rewards = result_rewards(read_results(rdir / "results.jsonl"))  # team's own
         kept_all = data["prompt_rewards"]
         for episode, key in episode_prompt_versions(spans).items() if spans.is_dir() else ():
             if episode in self._rewards:
