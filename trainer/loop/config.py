@@ -20,7 +20,7 @@ from agl_bridge.trainer.judging.config import JudgeConfig
 from agl_bridge.trainer.loop.apo.config import ApoSearchConfig
 from agl_bridge.trainer.loop.gate import GateRule
 from agl_bridge.trainer.serving.config import ServeConfig
-from agl_bridge.trainer.training.config import GRPOConfig
+from agl_bridge.trainer.training.config import GRPOConfig, check_algorithm
 
 # what a round changes: the adapters (lora), the agents' system prompts (apo), or each in turn
 Algorithm = Literal["lora", "apo", "apo+lora"]
@@ -170,6 +170,7 @@ class LoopConfig:
             raise ValueError("the gate needs eval_team (the team command run on eval_tasks)")
         if not self.agents:
             raise ValueError("agents: the aliases the team's agents ask for (one adapter each)")
+        check_algorithm(self.train, self.convert.algorithm)  # ppo's settings, with the others
         wanted = self.train.train_agents
         if wanted is not None and not set(wanted) <= set(self.agents):
             raise ValueError(f"train.train_agents {sorted(wanted)} must be among agents "

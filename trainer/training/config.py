@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from agl_bridge.settings import check_choices, setting
 from agl_bridge.trainer.adapters import version_of
+from agl_bridge.trainer.rewards.credit import Algorithm
+from agl_bridge.trainer.rewards.normalization import Grouping, NormalizationMethod
 from agl_bridge.trainer.rewards.selection import SftSelect
 from agl_bridge.trainer.tracking import ReportTo
 
@@ -21,6 +24,25 @@ class NothingToTrain(ValueError):
     """No transition to train on (none converted, none of ``train_agents``, none selected for
     SFT): a round with nothing to learn from, which the loop goes on after. Every other error
     is a fault and stops it."""
+
+
+@dataclass(frozen=True)
+class RewardNormalization:
+    """Batch reward normalisation (``[train.reward_normalization]``), as the multi-turn PPO
+    design's ``reward_normalization`` (RAGEN on verl): each chain's score (an agent's turns in an
+    episode) normalised within its group before the critic learns it
+    (``trainer/rewards/normalization.py``)."""
+
+    grouping: Grouping = setting(
+        "batch", help="the chains compared: state (the same task and agent), inductive (the "
+                      "same agent over the batch) or batch (all)")
+    method: NormalizationMethod = setting(
+        "identity", help="identity (as they are), mean (the group's mean subtracted), mean_std "
+                         "(standardised; no spread: 0) or asym_clip (mean_std clipped to [-1, "
+                         "3]); other than identity it needs algorithm ppo")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
 
 @dataclass
@@ -70,6 +92,10 @@ class GRPOConfig:
     rollout_filter_ratio: float = setting(
         1.0, help="keep this share of groups (rounded up), those whose rewards spread most "
                   "(standard deviation), as RAGEN's multi-turn PPO on verl (1: all)")
+    reward_normalization: RewardNormalization = setting(
+        help="ppo: batch reward normalisation of each chain's score before the critic learns "
+             "it (the filter above reads the rewards as they were)",
+        default_factory=RewardNormalization)
     max_grad_norm: float = setting(1.0, help="gradient clipping norm")
     seed: int = setting(0, help="random seed (the loop adds the round's number)")
     group_by_length: bool = setting(False, help="batches of similar length: less padding")
@@ -114,6 +140,8 @@ class GRPOConfig:
                    "workdir's)")
 
     def __post_init__(self) -> None:
+        if isinstance(self.reward_normalization, Mapping):  # from Python, as a file gives it
+            self.reward_normalization = RewardNormalization(**self.reward_normalization)
         check_choices(self)
         for name in ("num_train_epochs", "per_device_train_batch_size",
                      "gradient_accumulation_steps", "lora_r", "lora_alpha"):
@@ -138,6 +166,24 @@ class GRPOConfig:
         if self.objective == "sft" and self.sft_select == "threshold" and \
                 self.sft_min_reward is None:
             raise ValueError("sft_select = 'threshold' needs sft_min_reward")
+
+
+def check_algorithm(cfg: GRPOConfig, algorithm: Algorithm | None,
+                    objective: Objective | None = None) -> None:
+    """What the conversion's ``algorithm`` asks of the training settings, refused before
+    anything runs (``train_policy``, ``train_from_traces``, the loop's file): ppo trains with
+    the policy gradient; reward normalisation is for a critic's rewards (the GRPO family's
+    advantages are normalised by the conversion's ``baseline`` and ``scale_advantages``)."""
+    objective = objective or cfg.objective
+    if algorithm == "ppo" and objective != "grpo":
+        raise ValueError("algorithm ppo trains with objective grpo (the clipped policy "
+                         f"gradient, with the critic's advantages), got {objective!r}")
+    method = cfg.reward_normalization.method
+    if algorithm != "ppo" and method != "identity":
+        raise ValueError(f"reward_normalization.method = {method!r} normalises the rewards a "
+                         f"critic learns: it needs algorithm ppo, got {algorithm!r} (the GRPO "
+                         "family's advantages are normalised per group by the conversion's "
+                         "baseline and scale_advantages)")
 
 
 @dataclass

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from agl_bridge import settings
 from agl_bridge.trainer.conversion import ConversionStats, ConvertConfig, convert
 from agl_bridge.trainer.tracking import Tracker, open_tracker
-from agl_bridge.trainer.training.config import GRPOConfig, NothingToTrain
+from agl_bridge.trainer.training.config import GRPOConfig, NothingToTrain, check_algorithm
 
 
 @dataclass
@@ -63,10 +63,15 @@ def split_options(options: dict[str, Any], source: str = "train_from_traces()"
         options = {**options, "rewards": None, "recipe": rewards}  # a Recipe object
     elif rewards is not None:
         options = {**options, "rewards": os.fspath(rewards)}
-    return (settings.build(ConvertConfig, {k: v for k, v in options.items()
-                                           if k in convert_names}, source),
-            settings.build(GRPOConfig, {k: v for k, v in options.items()
-                                        if k in train_names}, source))
+    convert_config = settings.build(ConvertConfig, {k: v for k, v in options.items()
+                                                     if k in convert_names}, source)
+    train_config = settings.build(GRPOConfig, {k: v for k, v in options.items()
+                                               if k in train_names}, source)
+    try:
+        check_algorithm(train_config, convert_config.algorithm)
+    except ValueError as exc:
+        raise settings.SettingError(f"{source}: {exc}") from None
+    return convert_config, train_config
 
 
 def train_from_traces(

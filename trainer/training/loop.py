@@ -40,6 +40,7 @@ from agl_bridge._version import __version__
 from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, next_version_dir
 from agl_bridge.trainer.rewards.advantages import group_advantages
 from agl_bridge.trainer.rewards.credit import Algorithm
+from agl_bridge.trainer.rewards.normalization import normalization_groups, normalize_rewards
 from agl_bridge.trainer.rewards.selection import keep_by_spread
 from agl_bridge.trainer.tracking import Tracker
 from agl_bridge.trainer.training.checkpoints import (
@@ -56,6 +57,7 @@ from agl_bridge.trainer.training.config import (
     Objective,
     Policy,
     TrainResult,
+    check_algorithm,
 )
 from agl_bridge.trainer.training.critic import ValueHeads, gae_targets, load_value_heads
 from agl_bridge.trainer.training.data import batches, collate, pack_rows, read_transitions
@@ -129,9 +131,7 @@ def train_policy(
     objective = objective or cfg.objective
     if objective not in ("grpo", "sft"):
         raise ValueError(f"objective must be grpo or sft, got {objective!r}")
-    if algorithm == "ppo" and objective != "grpo":
-        raise ValueError("algorithm ppo trains with objective grpo (the clipped policy "
-                         f"gradient, with the critic's advantages), got {objective!r}")
+    check_algorithm(cfg, algorithm, objective)
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
     table = transitions if isinstance(transitions, pa.Table) else read_transitions(transitions)
@@ -139,7 +139,7 @@ def train_policy(
         raise NothingToTrain("no transitions to train on (see the converter's skip counts)")
     columns = ["prompt_ids", "completion_ids", "completion_mask", "reward", "group_id",
                "behaviour_logprobs", "agent_name", "episode_id"]
-    columns += [c for c in ("advantage", "turn_index", "candidate_index")
+    columns += [c for c in ("advantage", "turn_index", "candidate_index", "task_id")
                 if c in table.column_names]
     rows = table.select(columns).to_pylist()
     if cfg.train_agents is not None:
@@ -151,6 +151,8 @@ def train_policy(
     for i, r in enumerate(rows):
         if not math.isfinite(r["reward"]):
             raise ValueError(f"transition {i}: reward is {r['reward']}; refusing to train on it")
+    # normalised over the whole batch, then filtered by the rewards as they were (RAGEN's order)
+    normalised = _normalised_rewards(rows, cfg) if algorithm == "ppo" else None
     if cfg.rollout_filter_ratio < 1.0 and objective == "grpo":
         keep = keep_by_spread(np.array([r["reward"] for r in rows]),
                               np.array([str(r["group_id"]) for r in rows]),
@@ -158,6 +160,10 @@ def train_policy(
         logger.info("agl_bridge: rollout filter (ratio %s) keeps %d of %d transitions",
                     cfg.rollout_filter_ratio, int(keep.sum()), len(rows))
         rows = [r for r, k in zip(rows, keep.tolist()) if k]
+        normalised = normalised[keep] if normalised is not None else None
+    if normalised is not None:
+        for r, value in zip(rows, normalised.tolist()):
+            r["reward"] = value
     if objective == "sft":
         keep = select_for_sft(np.array([r["reward"] for r in rows]),
                               np.array([str(r["group_id"]) for r in rows]), cfg.sft_select,
@@ -204,6 +210,23 @@ def train_policy(
                   progress, keep_model=keep_model, checkpoint_dir=checkpoint_dir,
                   resume=resume_from_checkpoint, data=_data_range(transitions, table),
                   objective=objective, tracker=tracker, algorithm=algorithm, gamma=gamma)
+
+
+def _normalised_rewards(rows: list[dict[str, Any]], cfg: GRPOConfig) -> np.ndarray | None:
+    """ppo: each transition's reward after ``reward_normalization`` (None: identity)."""
+    norm = cfg.reward_normalization
+    if norm.method == "identity":
+        return None
+    groups = normalization_groups(norm.grouping, [r.get("task_id") for r in rows],
+                                  [r["agent_name"] for r in rows],
+                                  [str(r["episode_id"]) for r in rows])
+    out, n_groups, flat = normalize_rewards(
+        np.array([r["reward"] for r in rows]),
+        [(r["episode_id"], r["agent_name"], r.get("candidate_index")) for r in rows],
+        [r.get("turn_index") for r in rows], groups, norm.method)
+    logger.info("agl_bridge: rewards normalised (%s by %s) in %d group(s), %d without spread",
+                norm.method, norm.grouping, n_groups, flat)
+    return out
 
 
 def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[str],
