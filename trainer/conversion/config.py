@@ -74,6 +74,8 @@ class ConvertConfig:
         from agl_bridge.trainer.rewards.baselines import parse_baselines
 
         check_choices(self)
+        if not 0.0 <= self.gamma <= 1.0:  # before any span is read (ppo's GAE would refuse it)
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma!r}")
         object.__setattr__(self, "baseline", parse_baselines(self.baseline))
         if self.recipe is None and self.rewards is not None:
             from agl_bridge.trainer.rewards.recipes import load_recipe

@@ -212,8 +212,8 @@ def test_replay_settings_are_checked(settings, problem):
 
 
 @pytest.mark.parametrize("settings, problem", [
-    ({"convert.algorithm": "ppo"}, "convert.algorithm = 'ppo': expected one of 'at_grpo', "
-                                   "'lightning_rl'"),
+    ({"convert.algorithm": "reinforce"}, "convert.algorithm = 'reinforce': expected one of "
+                                         "'at_grpo', 'lightning_rl', 'ppo'"),
     ({"train.policy": "solo"}, "train.policy = 'solo': expected one of 'shared', "
                                "'per_agent_lora', 'per_agent_model'"),
     ({"train.train_agents": ["b"]}, r"train.train_agents \['b'\] must be among agents \['a'\]"),
@@ -597,3 +597,87 @@ def test_a_slide_over_two_versions_is_rolled_back_to_the_best_recent_one():
     decision = watch(recent[best][1], v7, margin=0.05, min_episodes=32)
     assert decision.verdict == "rollback" and decision.high < 0
     assert best_recent([("a", [1.0]), ("b", [])]) == 1  # none counts: the newest
+
+
+def _ppo_loop_file(tmp_path, tiny, server, extra=""):
+    """The loop's file as a user writes it: setup()'s settings, with ``[convert] algorithm =
+    "ppo"``; ``extra`` is added to the ``[train]`` table."""
+    write_tasks(tmp_path / "train.jsonl", [{"task_id": f"t{i}", "number": i} for i in range(12)])
+    write_tasks(tmp_path / "eval.jsonl", [{"task_id": f"e{i}", "number": 100 + i}
+                                          for i in range(6)])
+    q = json.dumps
+    path = tmp_path / "loop.toml"
+    path.write_text(
+        f"workdir = {q(str(tmp_path / 'loop'))}\nmodel = {q(str(tiny))}\n"
+        f"server = {q(server.base_url)}\nagents = [\"solver\"]\nteam = {q(TEAM)}\n"
+        f"tasks = {q(str(tmp_path / 'train.jsonl'))}\ntasks_per_round = 4\nrollouts = 2\n"
+        f"eval_tasks = {q(str(tmp_path / 'eval.jsonl'))}\nrounds = 2\nminutes = 30\n"
+        f"[serve]\nregistry = {q(str(tmp_path / 'registry'))}\n"
+        "[train]\nlearning_rate = 1e-2\nper_device_train_batch_size = 4\nlora_r = 4\n"
+        f"lora_alpha = 8\npolicy = \"per_agent_lora\"\n{extra}"
+        "[watch]\nepisodes = 4\n"
+        "[convert]\nmissing_reward = \"drop\"\nalgorithm = \"ppo\"\n")
+    return path
+
+
+def test_the_loop_trains_with_ppo_and_each_round_continues_the_critic(tmp_path, tiny):
+    """Issue 34: ``agl-bridge loop`` with ``[convert] algorithm = "ppo"``: each round trains
+    the solver's adapter with a value head beside it, gates and publishes it, and the next
+    round continues both from the live version: its critic starts where round 0's ended (a
+    new head predicts 0 on its first micro-batch; round 1's does not)."""
+    from safetensors.torch import load_file
+
+    from agl_bridge.trainer.training.critic import VALUE_HEAD_FILE
+
+    with server_for(bad=set()) as server:
+        config = _ppo_loop_file(tmp_path, tiny, server)
+        run = subprocess.run([sys.executable, "-m", "agl_bridge.cli", "loop", "--config",
+                              str(config)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads((tmp_path / "loop" / "state.json").read_text())
+    r0, r1 = data["rounds"]
+    assert r0["published"] == {"solver": "solver@v1"} and r1["published"] == {"solver": "solver@v2"}
+    assert r0["transitions"] == 8 and data["live"] == {"solver": "solver@v2"}
+    versions = tmp_path / "loop" / "adapters" / "solver"
+    heads = [load_file(str(versions / v / VALUE_HEAD_FILE)) for v in ("v0001", "v0002")]
+    assert heads[0]["bias"].item() > 0.0  # every episode was rewarded 1
+    assert not heads[0]["bias"].equal(heads[1]["bias"])  # round 1 trained it on
+
+    def micro_batches(record):
+        return [json.loads(line) for line in Path(record["metrics"]).read_text().splitlines()]
+
+    first0, last0 = micro_batches(r0)[0], micro_batches(r0)[-1]
+    first1 = micro_batches(r1)[0]
+    assert first0["value_mean"] == 0.0 and last0["value_mean"] > 0.0
+    assert first1["value_mean"] != 0.0  # v1's head, read back beside the live adapter
+    assert all("value_loss" in m for m in micro_batches(r1))
+
+
+def test_a_bad_ppo_setting_in_the_loops_file_is_refused_before_anything_runs(tmp_path, tiny):
+    with server_for(bad=set()) as server:
+        config = _ppo_loop_file(tmp_path, tiny, server, extra="lam = 1.5\n")
+        run = subprocess.run([sys.executable, "-m", "agl_bridge.cli", "loop", "--config",
+                              str(config)], capture_output=True, text=True, timeout=120)
+        asked = len(server.requests)
+    assert run.returncode == 2 and re.search(r"lam must be in \[0, 1\], got 1\.5", run.stderr)
+    assert not (tmp_path / "loop").exists() and asked == 0  # no workdir, no request
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"train.lam": 1.5}, r"lam must be in \[0, 1\], got 1.5"),
+    ({"convert.gamma": 1.5}, r"gamma must be in \[0, 1\], got 1.5"),
+    ({"train.vf_coef": -0.1}, "vf_coef must be at least 0"),
+    ({"train.cliprange_value": 0.0}, "cliprange_value must be positive"),
+    ({"train.critic_learning_rate": 0.0}, "critic_learning_rate must be positive"),
+    ({"train.rollout_filter_ratio": 0.0}, r"rollout_filter_ratio must be in \(0, 1\]"),
+    ({"train.objective": "sft"}, "algorithm ppo trains with objective grpo"),
+    ({"train.reward_normalization": {"method": "zscore"}},
+     "train.reward_normalization.method = 'zscore': expected one of 'identity'"),
+    ({"train.reward_normalization": {"grouping": "task"}},
+     "train.reward_normalization.grouping = 'task': expected one of 'state'"),
+    # the GRPO family normalises with its baseline: a critic's rewards only
+    ({"convert.algorithm": "at_grpo", "train.reward_normalization": {"method": "mean_std"}},
+     "'mean_std' normalises the rewards a critic learns: it needs algorithm ppo"),
+])
+def test_ppo_settings_are_checked(settings, problem):
+    _refused({"convert.algorithm": "ppo", **settings}, problem)

@@ -102,6 +102,27 @@ def test_rewards_move_the_policy_through_per_token_advantages(tiny, tmp_path):
     assert all((d / VALUE_HEAD_FILE).exists() for d in per_model.adapters.values())
 
 
+def test_the_critic_learns_the_normalised_rewards(tiny, tmp_path):
+    """``reward_normalization``: what the critic learns. Episodes all rewarded 1 have no
+    spread, so under ``mean_std`` every reward becomes 0 and the critic has nothing to learn
+    (its head stays at 0, where the same run unnormalised moves it towards 1); under ``mean``
+    rewards 1, 0, 1, 0 become +-.5, which the micro-batches report."""
+    kw = dict(algorithm="ppo", progress=False)
+    flat = train_policy(episodes([1.0] * 4), tiny, tmp_path / "flat", **kw, config=config(
+        num_train_epochs=2, reward_normalization={"method": "mean_std"}))
+    head = load_file(str(flat.adapter_dir / VALUE_HEAD_FILE))
+    assert head["bias"].item() == 0.0 and head["weight"].abs().sum().item() == 0.0
+    assert all(m["reward_mean"] == 0.0 and m["value_loss"] == 0.0 for m in flat.metrics)
+    raw = train_policy(episodes([1.0] * 4), tiny, tmp_path / "raw", **kw,
+                       config=config(num_train_epochs=2))
+    assert load_file(str(raw.adapter_dir / VALUE_HEAD_FILE))["bias"].item() > 0.0
+    centred = train_policy(episodes([1.0, 0.0, 1.0, 0.0]), tiny, tmp_path / "mean", **kw,
+                           config=config(num_train_epochs=1, per_device_train_batch_size=8,
+                                         reward_normalization={"method": "mean"}))
+    rewards = {m["reward_mean"] for m in centred.metrics}
+    assert rewards == {0.0}  # +.5 and -.5 on last turns, 0 on first turns: one batch of 8
+
+
 def test_resume_equals_a_run_never_stopped_critic_included(tiny, tmp_path):
     data = episodes([1.0, 0.0], agents=("a", "b"))
     kw = dict(policy="per_agent_lora", algorithm="ppo", gamma=0.9, progress=False)
@@ -216,3 +237,6 @@ def test_ppo_settings_out_of_range_and_sft_are_refused_before_any_model_loads(tm
         train_policy(data, tmp_path / "no-model", tmp_path, algorithm="ppo", objective="sft")
     with pytest.raises(ValueError, match="gamma must be in"):
         train_policy(data, tmp_path / "no-model", tmp_path, algorithm="ppo", gamma=1.5)
+    with pytest.raises(ValueError, match="it needs algorithm ppo, got 'at_grpo'"):
+        train_policy(data, tmp_path / "no-model", tmp_path, algorithm="at_grpo",
+                     config=GRPOConfig(reward_normalization={"method": "asym_clip"}))
