@@ -167,7 +167,7 @@ class Loop:
         if cfg.algorithm != "lora":
             from agl_bridge.trainer.loop.apo.rounds import PromptLever
 
-            self.prompts = PromptLever(self)
+            self.prompts = PromptLever(self, log)
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -34,9 +34,9 @@ import json
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agl_bridge.capture import CAPTURE_ENV
 from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_name
@@ -49,16 +49,33 @@ from agl_bridge.trainer.loop.apo.transcripts import (
 )
 from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
 from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
+from agl_bridge.trainer.loop.state import LoopState
 from agl_bridge.trainer.loop.team import read_results, role_scores, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
 from agl_bridge.trainer.serving.prompts import PROMPTS_FILE, PromptRegistry
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
-if TYPE_CHECKING:
-    from agl_bridge.trainer.loop.engine import Loop
-
 RECENT = 2000  # rewards kept per prompt-versions key for the watch
 Entries = Mapping[str, Mapping[str, str]]  # a prompt table's entries: agent -> version, text
+
+
+class LoopView(Protocol):
+    """What the lever uses of the ``Loop`` that owns it. Typed by its shape: the engine imports
+    this module, so this module imports nothing of the engine (nor ``LoopConfig``, whose module
+    imports APO's settings)."""
+
+    cfg: Any  # the LoopConfig
+    registry: Path
+    data: dict[str, Any]
+    state: LoopState
+    base_url: str
+
+    @property
+    def _gate_temperature(self) -> float: ...
+
+    def _scores(self, label: str, aliases: dict[str, str], out: Path, tasks_file: str, *,
+                temperature: float, rollouts: int, prompts: Entries | None = None
+                ) -> Scores: ...
 
 
 def _versions(key: str) -> dict[str, str]:
@@ -76,8 +93,9 @@ class PromptLever:
     and the prompt watch. It drives the loop's own evaluation (``Loop._scores``), so gate
     scores are cached and timed with the adapter lever's."""
 
-    def __init__(self, loop: Loop) -> None:
+    def __init__(self, loop: LoopView, log: Callable[[str], None]) -> None:
         self.loop = loop
+        self.log = log
         self.cfg = loop.cfg
         self.registry = PromptRegistry(loop.registry)
         loop.data.setdefault("prompt_rewards", {})  # prompt versions' key -> episode rewards
@@ -132,8 +150,7 @@ class PromptLever:
         """The round's episodes' rewards by the prompt versions that served them; the prompt
         version published last is judged against the best recent prompt state and rolled back
         if it is worse beyond noise and the margin (as ``Loop._watch`` judges adapters)."""
-        from agl_bridge.trainer.loop.engine import log
-
+        log = self.log
         cfg, data = self.cfg, self.loop.data
         record["lever"] = "apo" if self.turn(r) else "lora"
         spans = rdir / "spans"
@@ -189,8 +206,7 @@ class PromptLever:
         """One change at a time, as for adapters: while the prompt version published last is
         live and not judged, nothing is searched, trained or published (a lora round's
         episodes are trained on in the next round that trains)."""
-        from agl_bridge.trainer.loop.engine import log
-
+        log = self.log
         last = self.unjudged()
         if last is None:
             return False
@@ -207,15 +223,14 @@ class PromptLever:
     def round(self, r: int, rdir: Path, record: dict[str, Any]) -> None:
         """Search each agent's prompt from the round's episodes, gate the winners together,
         publish them."""
-        from agl_bridge.trainer.loop.engine import log, read_tasks
-
-        loop, cfg = self.loop, self.cfg
+        loop, cfg, log = self.loop, self.cfg, self.log
         if record.get("prompt_rolled_back"):  # the round's episodes are the rolled-back one's
             log(f"round {r}: prompts rolled back; the next APO round searches from those live")
             record["published"] = {}
             return
         results = read_results(rdir / "results.jsonl")
-        tasks = read_tasks(rdir / "tasks.jsonl")[:cfg.apo.val_batch_size]
+        tasks = [json.loads(line) for line in (rdir / "tasks.jsonl").read_text().splitlines()
+                 if line.strip()][:cfg.apo.val_batch_size]  # as the round wrote them
         ids = {t["task_id"] for t in tasks}
         mine = [x for x in results if x.get("task_id") in ids]
         root_scores = Scores(task_scores(mine), role_scores(mine))
@@ -287,8 +302,7 @@ class PromptLever:
               record: dict[str, Any]) -> bool:
         """The loop's gate between the live prompts and the candidate table, on its held-out
         tasks, the adapters as they are live."""
-        from agl_bridge.trainer.loop.engine import log
-
+        log = self.log
         loop, cfg = self.loop, self.cfg
         gate_tasks = cfg.gate.tasks or cfg.eval_tasks
         if cfg.gate.rule == "off" or gate_tasks is None:
