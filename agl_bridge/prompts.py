@@ -27,7 +27,7 @@ import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agl_bridge.aliases import AliasFileError, HttpAliasTable, WatchedTable, _poll_s
 
@@ -99,11 +99,15 @@ def _kind(value: Any) -> str:
     return "null" if value is None else f"a {type(value).__name__}"
 
 
-class PromptTable(WatchedTable):
-    """One prompt file, re-read when it changes; ``live`` never raises."""
+class _Prompts:
+    """What a prompt table adds to an alias table, read from a file or over HTTP: entries
+    parsed as prompts, its own words when it is kept, and ``live``."""
 
-    kind = "prompt file"
     env = PROMPTS_ENV
+    _aliases: dict[str, Any] | None
+
+    if TYPE_CHECKING:
+        def lookup(self, name: str) -> Any: ...  # the alias table's (after this in the MRO)
 
     def parse(self, data: Any) -> dict[str, Any]:
         return dict(parse_prompts(data))
@@ -119,25 +123,18 @@ class PromptTable(WatchedTable):
         return entry if isinstance(entry, LivePrompt) else None
 
 
-class HttpPromptTable(HttpAliasTable):
+class PromptTable(_Prompts, WatchedTable):
+    """One prompt file, re-read when it changes; ``live`` never raises."""
+
+    kind = "prompt file"
+
+
+class HttpPromptTable(_Prompts, HttpAliasTable):
     """The prompt table served over HTTP (``agl-bridge aliases-serve``: ``GET /prompts``),
     polled as the alias table is: ``live`` reads the last good table and never raises; the
     process's first call waits for the first poll (at most the timeout)."""
 
     kind = "prompt table"
-    env = PROMPTS_ENV
-
-    def parse(self, data: Any) -> dict[str, Any]:
-        return dict(parse_prompts(data))
-
-    def kept(self) -> str:
-        table = self._aliases
-        return (f"keeping the table read before ({len(table)} agents)" if table is not None
-                else "no prompt is swapped until it is fixed (agents keep their own)")
-
-    def live(self, agent: str) -> LivePrompt | None:
-        entry = self.lookup(agent)
-        return entry if isinstance(entry, LivePrompt) else None
 
 
 _default: tuple[str, PromptTable | HttpPromptTable] | None = None  # (the variable, its table)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from agl_bridge.settings import values
 from agl_bridge.trainer.loop.config import LoopConfig
-from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
+from agl_bridge.trainer.loop.gate import Scores, gate_record, gate_team_and_roles
 from agl_bridge.trainer.loop.state import LOOP_LOCK, LoopState, wipe
 from agl_bridge.trainer.loop.team import TeamRun, role_scores, run_team, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
@@ -688,12 +688,8 @@ class Loop:
         changed = [a for a, v in candidate.items() if v != self.data["live"].get(a)]
         publish, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
                                                    tolerance=cfg.gate.tolerance)
-        reasons = ([] if team.publish else [team.rule]) + [
-            f"role {a} worse: {d.rule}" for a, d in roles.items() if not d.publish]
-        record["gate"] = {**team.as_dict(), "publish": publish, "team_publish": team.publish,
-                          "rule": team.rule if publish else "; ".join(reasons),
-                          "temperature": self._gate_temperature, "rollouts": cfg.gate.rollouts,
-                          "roles": {a: d.as_dict() for a, d in roles.items()}}
+        record["gate"] = gate_record(publish, team, roles, temperature=self._gate_temperature,
+                                     rollouts=cfg.gate.rollouts)
         log(f"round {r} gate: {'publish' if publish else 'REFUSED'}: {record['gate']['rule']}"
             + "".join(f"; {a}: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
                       for a, d in roles.items()))

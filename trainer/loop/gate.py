@@ -111,3 +111,16 @@ def gate_team_and_roles(live: Scores, candidate: Scores, roles: Iterable[str], *
     per_role = {r: gate(live.roles[r], candidate.roles[r], rule=role_rule, tolerance=tolerance)
                 for r in sorted(set(roles)) if live.roles.get(r) and candidate.roles.get(r)}
     return team.publish and all(d.publish for d in per_role.values()), team, per_role
+
+
+def gate_record(publish: bool, team: GateDecision, roles: Mapping[str, GateDecision], *,
+                temperature: float, rollouts: int) -> dict[str, Any]:
+    """``gate_team_and_roles``' outcome as the loop records it in a round: the team's decision,
+    the overall one, the reasons of a refusal (the team's rule and each worse role's), the
+    decoding the versions were played with."""
+    reasons = ([] if team.publish else [team.rule]) + [
+        f"role {a} worse: {d.rule}" for a, d in roles.items() if not d.publish]
+    return {**team.as_dict(), "publish": publish, "team_publish": team.publish,
+            "rule": team.rule if publish else "; ".join(reasons),
+            "temperature": temperature, "rollouts": rollouts,
+            "roles": {a: d.as_dict() for a, d in roles.items()}}

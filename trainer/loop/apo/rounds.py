@@ -48,7 +48,7 @@ from agl_bridge.trainer.loop.apo.transcripts import (
     transcripts,
 )
 from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
-from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
+from agl_bridge.trainer.loop.gate import Scores, gate_record, gate_team_and_roles
 from agl_bridge.trainer.loop.state import LoopState
 from agl_bridge.trainer.loop.team import read_results, role_scores, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
@@ -316,13 +316,8 @@ class PromptLever:
                       for label, prompts in (("live", None), ("candidate", candidate)))
         publish, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
                                                    tolerance=cfg.gate.tolerance)
-        reasons = ([] if team.publish else [team.rule]) + [
-            f"role {a} worse: {d.rule}" for a, d in roles.items() if not d.publish]
-        record["gate"] = {**team.as_dict(), "publish": publish, "team_publish": team.publish,
-                          "rule": team.rule if publish else "; ".join(reasons),
-                          "temperature": loop._gate_temperature,
-                          "rollouts": cfg.gate.rollouts,
-                          "roles": {a: d.as_dict() for a, d in roles.items()}}
+        record["gate"] = gate_record(publish, team, roles, temperature=loop._gate_temperature,
+                                     rollouts=cfg.gate.rollouts)
         log(f"round {r} gate (prompts): {'publish' if publish else 'REFUSED'}: "
             f"{record['gate']['rule']}")
         return publish
