@@ -235,10 +235,10 @@ def run(demo: DemoConfig, cfg: LoopConfig, *, fresh: bool = False) -> dict:
     """The demo with resolved settings (``demo_config.demo_settings``); returns the loop's
     state data."""
     task = demo.task or ("lower" if cfg.model == "tiny" else "add")
-    if demo.apo and (cfg.algorithm != "apo" or demo.production):
-        raise SystemExit("agl-bridge demo: --apo runs the loop's algorithm apo on training "
-                         "tasks the team plays: without --production, and --algorithm apo or "
-                         "none")
+    if demo.apo and (cfg.algorithm == "lora" or demo.production):
+        raise SystemExit("agl-bridge demo: --apo runs the loop's algorithm apo (or apo+lora) "
+                         "on training tasks the team plays: without --production, and "
+                         "--algorithm apo, apo+lora or none")
     record = {**dataclasses.asdict(demo), "task": task, "model": cfg.model}
     work = cfg.work
     if fresh and work.exists():  # now, before this run writes its task files there

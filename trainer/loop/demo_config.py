@@ -36,7 +36,8 @@ class DemoConfig:
         False, help="the team on the base model only, improved through its agents' system "
                     "prompts: the loop's algorithm apo (APO from each round's episodes, the "
                     "served base model as the optimizer, the gate, the prompt table the team "
-                    "follows; [apo] settings as --apo.beam-width, ...); no training")
+                    "follows; [apo] settings as --apo.beam-width, ...); no training, unless "
+                    "--algorithm apo+lora (the two levers in turn, the same small search)")
     seed: int = setting(0, help="draws the held-out and training tasks (and the tiny model); "
                                 "seeds training unless --train.seed is given")
     eval_size: int = setting(100, help="held-out tasks, drawn before any training, never "
