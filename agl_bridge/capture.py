@@ -39,9 +39,5 @@ def capture_level() -> CaptureLevel:
             f"{CAPTURE_ENV}={raw!r}: expected one of {', '.join(_BY_NAME)}") from None
 
 
-def capture_token_ids() -> bool:
-    return capture_level() >= CaptureLevel.TOKEN_IDS
-
-
 def capture_messages() -> bool:
     return capture_level() >= CaptureLevel.MESSAGES

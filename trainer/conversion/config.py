@@ -130,7 +130,6 @@ class ConversionStats:
     recipe: defaultdict[TermAgent, float] = field(default_factory=lambda: defaultdict(float))
     recipe_rewards: Counter[TermAgent] = field(default_factory=Counter)  # -> rewards derived
     baselines: Counter[str] = field(default_factory=Counter)  # baseline -> transitions
-    global_groups: int = 0  # groups of the batch and key baselines (whole output)
 
     MAX_LISTED = 20  # rejected rewards listed by place; all are counted in ``notes``
 

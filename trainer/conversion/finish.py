@@ -37,7 +37,6 @@ def _advantages(table: pa.Table, cfg: ConvertConfig, stats: ConversionStats
         unit=cfg.advantage_unit, scale=cfg.scale_advantages)
     stats.groups += groups
     stats.zero_variance_groups += flat
-    stats.global_groups += groups
     if not which.any():
         return None
     out = to_numpy(pc.fill_null(table["advantage"], lit(0.0))).copy()

@@ -14,7 +14,7 @@ from typing import Any
 
 _EXPORTS = {
     "GRPOConfig": "config", "Policy": "config", "TrainResult": "config",
-    "train_policy": "loop", "train_grpo": "loop",
+    "train_policy": "loop",
     "train_from_traces": "from_traces", "TrainRun": "from_traces",
 }
 __all__ = sorted(_EXPORTS)

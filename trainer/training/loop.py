@@ -542,16 +542,6 @@ def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_ada
     return out_dir
 
 
-def train_grpo(transitions, base_model, adapters_root, *, adapter_name: str = "policy",
-               config: GRPOConfig | None = None, init_adapter=None, progress: bool = True,
-               metrics_path=None) -> TrainResult:
-    """One adapter for everything (the shared policy)."""
-    return train_policy(transitions, base_model, adapters_root, policy="shared",
-                        adapter_name=adapter_name, config=config,
-                        init_adapters={adapter_name: init_adapter} if init_adapter else None,
-                        metrics_path=metrics_path, progress=progress)
-
-
 def _behaviour_gap(logp: torch.Tensor, batch: dict[str, torch.Tensor]) -> float | None:
     """Mean |trainer logprob - sampler logprob| over tokens whose sampler logprob is known."""
     known = batch["has_behaviour"] * batch["loss_mask"]

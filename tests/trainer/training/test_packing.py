@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from agl_bridge.trainer.training import GRPOConfig, train_grpo
+from agl_bridge.trainer.training import GRPOConfig, train_policy
 from agl_bridge.trainer.training.data import batches, collate, pack_rows, row_cost
 from agl_bridge.trainer.training.model import (
     completion_logprobs,
@@ -169,7 +169,7 @@ def test_training_packs_and_matches_unpacked_training(tiny, tmp_path, monkeypatc
     results = {}
     for share in (True, False):
         cfg = GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=4, share_prompts=share)
-        out = train_grpo(table, tiny, tmp_path / str(share), config=cfg, progress=False)
+        out = train_policy(table, tiny, tmp_path / str(share), config=cfg, progress=False)
         assert out.steps == 1
         results[share] = load_file(str(out.adapter_dir / "adapter_model.safetensors"))
     assert seen == [[[0, 1, 2, 3]], None]  # packed, then not

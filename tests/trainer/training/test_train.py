@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from agl_bridge.trainer.adapters import METADATA_FILE, base_model_fingerprint, latest_adapter
-from agl_bridge.trainer.training import GRPOConfig, train_grpo
+from agl_bridge.trainer.training import GRPOConfig, train_policy
 from tests.factories import transitions
 from tests.paths import TESTS
 
@@ -15,8 +15,8 @@ from tests.paths import TESTS
 def test_only_lora_weights_change_and_versions_accumulate(tiny, tmp_path):
     base_before = load_file(str(tiny / "model.safetensors"))
     cfg = GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=2, num_train_epochs=2)
-    first = train_grpo(transitions([1.0, 0.0, 0.5, 0.0]), tiny, tmp_path, adapter_name="solver",
-                       config=cfg, progress=False)
+    first = train_policy(transitions([1.0, 0.0, 0.5, 0.0]), tiny, tmp_path, adapter_name="solver",
+                         config=cfg, progress=False)
     assert first.adapter_dir == tmp_path / "solver" / "v0001" and first.steps == 4
     weights = load_file(str(first.adapter_dir / "adapter_model.safetensors"))
     assert weights and all("lora_" in k for k in weights)
@@ -29,8 +29,8 @@ def test_only_lora_weights_change_and_versions_accumulate(tiny, tmp_path):
     assert meta["version"] == 1 and meta["transitions"] == 4 and meta["steps"] == 4
     assert all(math.isfinite(m["loss"]) for m in first.metrics)
 
-    second = train_grpo(transitions([0.0, 1.0]), tiny, tmp_path, adapter_name="solver",
-                        config=cfg, init_adapter=first.adapter_dir, progress=False)
+    second = train_policy(transitions([0.0, 1.0]), tiny, tmp_path, adapter_name="solver",
+                          config=cfg, init_adapters={"solver": first.adapter_dir}, progress=False)
     assert second.adapter_dir.name == "v0002"
     assert latest_adapter(tmp_path, "solver") == second.adapter_dir
     assert json.loads((second.adapter_dir / METADATA_FILE).read_text())["init_adapter"] == str(
@@ -38,18 +38,17 @@ def test_only_lora_weights_change_and_versions_accumulate(tiny, tmp_path):
 
 
 def test_zero_variance_groups_are_filtered_and_leave_the_adapter_at_init(tiny, tmp_path):
-    result = train_grpo(transitions([0.5, 0.5]), tiny, tmp_path, config=GRPOConfig(
+    result = train_policy(transitions([0.5, 0.5]), tiny, tmp_path, config=GRPOConfig(
         learning_rate=1e-1), progress=False)
     weights = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
     assert all(v.abs().sum() == 0 for k, v in weights.items() if "lora_B" in k)
     assert result.steps == 0 and result.metrics == []
-    kept = train_grpo(transitions([0.5, 0.5]), tiny, tmp_path, progress=False, config=GRPOConfig(
+    kept = train_policy(transitions([0.5, 0.5]), tiny, tmp_path, progress=False, config=GRPOConfig(
         learning_rate=1e-1, filter_zero_variance_groups=False))
     assert kept.metrics[0]["loss"] == 0.0 and kept.metrics[0]["skipped_zero_variance"] == 0
 
 
 def test_per_agent_lora_adapters_learn_only_from_their_own_agent(tiny, tmp_path):
-    from agl_bridge.trainer.training import train_policy
 
     # agent a's transitions carry signal; agent b's group has equal rewards (no signal)
     data = transitions([1.0, 0.0, 0.3, 0.3], groups=["g_a", "g_a", "g_b", "g_b"],
@@ -84,7 +83,7 @@ def test_kl_is_zero_before_the_first_update_and_importance_weights_apply(tiny, t
     table = data.set_column(data.schema.get_field_index("behaviour_logprobs"),
                             "behaviour_logprobs", pa.array([[-9.0, -9.0, -9.0]] * 2,
                                                            pa.list_(pa.float32())))
-    result = train_grpo(table, tiny, tmp_path, progress=False, config=GRPOConfig(
+    result = train_policy(table, tiny, tmp_path, progress=False, config=GRPOConfig(
         learning_rate=1e-1, beta=0.5, per_device_train_batch_size=1, num_train_epochs=2))
     first = result.metrics[0]
     assert first["kl"] == 0.0  # the adapter starts as the identity: policy == reference
@@ -96,9 +95,9 @@ def test_kl_is_zero_before_the_first_update_and_importance_weights_apply(tiny, t
 
 def test_refuses_empty_and_non_finite_input(tiny, tmp_path):
     with pytest.raises(ValueError, match="no transitions"):
-        train_grpo(transitions([]), tiny, tmp_path, progress=False)
+        train_policy(transitions([]), tiny, tmp_path, progress=False)
     with pytest.raises(ValueError, match="transition 1: reward is nan"):
-        train_grpo(transitions([0.0, math.nan]), tiny, tmp_path, progress=False)
+        train_policy(transitions([0.0, math.nan]), tiny, tmp_path, progress=False)
     assert not (tmp_path / "policy").exists()
 
 
@@ -125,7 +124,6 @@ def test_two_process_data_parallel_with_gloo(tiny, tmp_path):
 
 
 def test_resume_reproduces_the_loss_trajectory_and_metadata_has_the_data_range(tiny, tmp_path):
-    from agl_bridge.trainer.training import train_policy
     from agl_bridge.trainer.training.checkpoints import latest_checkpoint
 
     data = transitions([1.0, 0.0, 0.7, 0.1, 0.4, 0.9])
