@@ -20,15 +20,16 @@ from agl_bridge.settings import file_layer
 T = TypeVar("T")
 
 
-def resolved(cls: type[T], args: argparse.Namespace, *,
-             file_values: dict[str, Any] | None = None, file_label: str = "file"
-             ) -> tuple[T, dict[str, str]]:
-    """A configuration from defaults < the file < the flags, and where each value came from."""
+def resolved(cls: type[T], args: argparse.Namespace,
+             layer: tuple[str, dict[str, Any]] | None = None) -> tuple[T, dict[str, str]]:
+    """A configuration from defaults < the file (``--config``, or ``layer``: its label and
+    values) < the flags, and where each value came from."""
     from agl_bridge import settings
 
-    layers = [(file_label, file_values or {}), ("flag", settings.given_flags(args, cls))]
-    return settings.resolve(cls, layers=layers, source=f"{file_label} and flags"
-                            if file_values else "flags")
+    label, values = layer or file_layer(args)
+    layers = [(label, values), ("flag", settings.given_flags(args, cls))]
+    return settings.resolve(cls, layers=layers, source=f"{label} and flags"
+                            if values else "flags")
 
 
 def show(*parts: tuple[Any, dict[str, str]]) -> int:
@@ -41,8 +42,7 @@ def show(*parts: tuple[Any, dict[str, str]]) -> int:
 def loop(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.loop.config import LoopConfig
 
-    label, values = file_layer(args)
-    cfg, origin = resolved(LoopConfig, args, file_values=values, file_label=label)
+    cfg, origin = resolved(LoopConfig, args)
     if args.print_config:
         return show((cfg, origin))
     from agl_bridge.trainer.loop.engine import Loop
@@ -118,8 +118,7 @@ def demo(args: argparse.Namespace) -> int:
 def convert(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.conversion.config import ConvertConfig
 
-    label, values = file_layer(args)
-    config, origin = resolved(ConvertConfig, args, file_values=values, file_label=label)
+    config, origin = resolved(ConvertConfig, args)
     if args.print_config:
         return show((config, origin))
     from agl_bridge.trainer.conversion import convert
@@ -171,8 +170,8 @@ def train(args: argparse.Namespace) -> int:
         raise SettingError(f"{args.config}: unknown setting(s) {unknown}; conversion: "
                            f"{sorted(names[ConvertConfig])}; training: "
                            f"{sorted(names[GRPOConfig])}")
-    parts = [resolved(c, args, file_values={k: v for k, v in values.items() if k in names[c]},
-                      file_label=label) for c in (ConvertConfig, GRPOConfig)]
+    parts = [resolved(c, args, (label, {k: v for k, v in values.items() if k in names[c]}))
+             for c in (ConvertConfig, GRPOConfig)]
     if args.print_config:
         return show(*parts)
     from agl_bridge.settings import values as plain
@@ -203,8 +202,7 @@ def train(args: argparse.Namespace) -> int:
 def export(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.conversion.export_config import ExportConfig
 
-    label, values = file_layer(args)
-    config, origin = resolved(ExportConfig, args, file_values=values, file_label=label)
+    config, origin = resolved(ExportConfig, args)
     if args.print_config:
         return show((config, origin))
     from agl_bridge.settings import record
@@ -302,8 +300,7 @@ def serve(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.serving.config import ServeConfig
     from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
-    label, values = file_layer(args)
-    cfg, origin = resolved(ServeConfig, args, file_values=values, file_label=label)
+    cfg, origin = resolved(ServeConfig, args)
     if args.print_config:
         return show((cfg, origin))
     from agl_bridge.trainer.serving.vllm_server import VLLMServer, cpu_share
@@ -459,8 +456,7 @@ def report(args: argparse.Namespace) -> int:
 def apo(args: argparse.Namespace) -> int:
     from agl_bridge.trainer.loop.apo.config import ApoConfig
 
-    label, file_values = file_layer(args)
-    config, origin = resolved(ApoConfig, args, file_values=file_values, file_label=label)
+    config, origin = resolved(ApoConfig, args)
     if args.print_config:
         return show((config, origin))
     from agl_bridge.settings import record
@@ -503,8 +499,7 @@ def judge(args: argparse.Namespace) -> int:
     from agl_bridge.settings import SettingError
     from agl_bridge.trainer.judging.config import JudgeConfig
 
-    label, file_values = file_layer(args)
-    config, origin = resolved(JudgeConfig, args, file_values=file_values, file_label=label)
+    config, origin = resolved(JudgeConfig, args)
     if args.print_config:
         return show((config, origin))
     missing = [f"--{n.replace('_', '-')}" for n in ("rubric", "base_url", "model")

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -39,8 +39,11 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 T = TypeVar("T", bound="DataclassInstance")
+TT = TypeVar("TT", bound="TableTerm")
 # reads one key of a term's table: (table, key, default, where) -> value
 Reader = Callable[[Mapping[str, Any], str, Any, str], Any]
+# a term's keys read otherwise than as a count or a number (``from_table``'s ``special``)
+Readers = Mapping[str, "Iterable[str] | Reader"]
 
 
 class RecipeError(ValueError):
@@ -140,6 +143,17 @@ def from_table(cls: type[T], config: Mapping[str, Any], where: str,
         else:
             values[f.name] = number(config, f.name, default, where)
     return cls(**values)
+
+
+class TableTerm:
+    """A term (a frozen dataclass) built from its TOML table: ``from_table`` with the term's
+    ``readers``."""
+
+    readers: ClassVar[Readers] = {}
+
+    @classmethod
+    def from_config(cls: type[TT], config: Mapping[str, Any], where: str) -> TT:
+        return cast(TT, from_table(cast(Any, cls), config, where, **cls.readers))
 
 
 # -- where a reward goes ------------------------------------------------------------------------

@@ -26,9 +26,8 @@ get this reward: a recipe can run over a mix of voting and other workflows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,7 +38,8 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    from_table,
+    Readers,
+    TableTerm,
     team_reward,
 )
 from agl_bridge.trainer.rewards.terms.ratings import (
@@ -57,7 +57,7 @@ NO_SELECTION = "episode without a final selection (no consensus)"
 
 
 @dataclass(frozen=True)
-class Coordination:
+class Coordination(TableTerm):
     quality: Source = TASK
     quality_weight: float = 2.0
     consensus: float = 1.0
@@ -71,11 +71,7 @@ class Coordination:
     name: str = "coordination"
     columns: tuple[str, ...] = (*bl.COLUMNS, "operation_name", "prompt_token_ids",
                                 "completion_token_ids", *REWARD_COLUMNS)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> Coordination:
-        return from_table(cls, config, where, quality=source, consensus_rule=RULES,
-                          tokens=TOKENS)
+    readers: ClassVar[Readers] = {"quality": source, "consensus_rule": RULES, "tokens": TOKENS}
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

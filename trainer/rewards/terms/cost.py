@@ -11,9 +11,8 @@ an agent): the turn that spent the tokens pays for them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +24,8 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    from_table,
+    Readers,
+    TableTerm,
     local_rewards,
 )
 from agl_bridge.trainer.rewards.terms.spans import TOKENS, call_tokens, is_chat
@@ -34,7 +34,7 @@ NO_END = "LLM call without an end time (latency 0)"
 
 
 @dataclass(frozen=True)
-class Cost:
+class Cost(TableTerm):
     per_token: float = -0.001
     per_second: float = 0.0
     tokens: str = "input+output"
@@ -43,10 +43,7 @@ class Cost:
     columns: tuple[str, ...] = ("operation_name", "attributes", "prompt_token_ids",
                                 "completion_token_ids", "start_time_unix_nano",
                                 "end_time_unix_nano", "agent_name", "turn_index")
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> Cost:
-        return from_table(cls, config, where, tokens=TOKENS)
+    readers: ClassVar[Readers] = {"tokens": TOKENS}
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,8 +40,9 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
+    Readers,
     RecipeReward,
-    from_table,
+    TableTerm,
     local_reward,
     team_reward,
 )
@@ -87,7 +88,7 @@ class Task:
 
 
 @dataclass(frozen=True)
-class Dag:
+class Dag(TableTerm):
     success: float = 1.0
     failure: float = -0.5
     retry: float = -0.1
@@ -105,10 +106,7 @@ class Dag:
         return ("name", "attributes", "span_id", "start_time_unix_nano", "end_time_unix_nano",
                 "agent_name", "turn_index", "operation_name") + (
             ("parent_span_id",) if self.scope == sc.RewardScope.TURN else ())
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> Dag:
-        return from_table(cls, config, where, scope=SCOPES)
+    readers: ClassVar[Readers] = {"scope": SCOPES}
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

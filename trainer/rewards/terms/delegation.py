@@ -33,7 +33,7 @@ from agl_bridge.trainer.rewards.terms.base import (
     Derived,
     Evaluations,
     RecipeReward,
-    from_table,
+    TableTerm,
 )
 from agl_bridge.trainer.rewards.terms.spans import attributes, named
 
@@ -97,16 +97,12 @@ def read_schedules(spans: pa.Table, out: Derived, term: str) -> dict[TaskKey, Sc
 
 
 @dataclass(frozen=True)
-class Delegation:
+class Delegation(TableTerm):
     capable: float = 0.5
     incapable: float = -0.5
     weight: float = 1.0
     name: str = "delegation"
     columns: tuple[str, ...] = ("name", "attributes", "span_id", "start_time_unix_nano")
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> Delegation:
-        return from_table(cls, config, where)
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

@@ -14,9 +14,7 @@ Scope: the calling agent's turn, else the agent, else the episode (``local_rewar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,7 +25,7 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    from_table,
+    TableTerm,
     local_reward,
 )
 from agl_bridge.trainer.rewards.terms.delegation import read_schedules
@@ -38,7 +36,7 @@ NO_TOOL_NAME = "tool call without gen_ai.tool.name (judged on failure only)"
 
 
 @dataclass(frozen=True)
-class ToolChoice:
+class ToolChoice(TableTerm):
     right: float = 0.5
     wrong: float = -0.5
     failure: float = -0.25
@@ -46,10 +44,6 @@ class ToolChoice:
     name: str = "tool_choice"
     columns: tuple[str, ...] = ("name", "attributes", "span_id", "start_time_unix_nano",
                                 "operation_name", "status_code", "agent_name", "turn_index")
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> ToolChoice:
-        return from_table(cls, config, where)
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

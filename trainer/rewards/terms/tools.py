@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,13 +13,13 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    from_table,
+    TableTerm,
     local_reward,
 )
 
 
 @dataclass(frozen=True)
-class ToolFailure:
+class ToolFailure(TableTerm):
     """An ``execute_tool`` span that ended in error: ``penalty`` to the agent that called the
     tool (its turn when the span has one); a successful one: ``success`` (default 0)."""
 
@@ -30,10 +28,6 @@ class ToolFailure:
     weight: float = 1.0
     name: str = "tool_failure"
     columns: tuple[str, ...] = ("operation_name", "status_code", "agent_name", "turn_index")
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> ToolFailure:
-        return from_table(cls, config, where)
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         tools = spans.select([EPISODE_KEY, "status_code", "agent_name", "turn_index"]).filter(

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import pyarrow as pa
 
@@ -34,7 +33,8 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
-    from_table,
+    Readers,
+    TableTerm,
     local_reward,
 )
 from agl_bridge.trainer.rewards.terms.ratings import (
@@ -59,7 +59,7 @@ Calls = dict[tuple[str, str], list[tuple[int, int]]]
 
 
 @dataclass(frozen=True)
-class Votes:
+class Votes(TableTerm):
     target: str = "selected"
     correct: float = 1.0
     wrong: float = -0.5
@@ -68,10 +68,7 @@ class Votes:
     name: str = "votes"
     columns: tuple[str, ...] = (*bl.COLUMNS, "operation_name", "end_time_unix_nano",
                                 *REWARD_COLUMNS)
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> Votes:
-        return from_table(cls, config, where, target=TARGETS, rating=source)
+    readers: ClassVar[Readers] = {"target": TARGETS, "rating": source}
 
     def __call__(self, spans: pa.Table, evaluations: Evaluations = NO_EVALUATIONS) -> Derived:
         out = Derived()

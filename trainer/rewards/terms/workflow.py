@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,9 +43,10 @@ from agl_bridge.trainer.rewards.terms.base import (
     NO_EVALUATIONS,
     Derived,
     Evaluations,
+    Readers,
     RecipeError,
     RecipeReward,
-    from_table,
+    TableTerm,
     number,
     team_reward,
 )
@@ -184,7 +185,7 @@ def _positive(config: Mapping[str, Any], key: str, default: float, where: str) -
 
 
 @dataclass(frozen=True)
-class WorkflowReward:
+class WorkflowReward(TableTerm):
     """Scheme 1: the planner's reward for the workflow its plan made."""
 
     alpha: float = 1.0
@@ -197,11 +198,8 @@ class WorkflowReward:
     weight: float = 1.0
     name: str = "workflow"
     columns: tuple[str, ...] = COLUMNS
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> WorkflowReward:
-        return from_table(cls, config, where, complexity=COMPLEXITY, to=RECIPIENTS,
-                          time_offset=_positive)
+    readers: ClassVar[Readers] = {"complexity": COMPLEXITY, "to": RECIPIENTS,
+                                  "time_offset": _positive}
 
     def value(self, run: Run, seconds: float) -> float:
         """The formula, or ``invalid`` for a plan that failed its checks."""
@@ -225,7 +223,7 @@ class WorkflowReward:
 
 
 @dataclass(frozen=True)
-class GlobalReward:
+class GlobalReward(TableTerm):
     """Scheme 5: the whole team's reward for a workflow run."""
 
     success_weight: float = 1.0
@@ -234,10 +232,6 @@ class GlobalReward:
     weight: float = 1.0
     name: str = "global"
     columns: tuple[str, ...] = COLUMNS
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any], where: str) -> GlobalReward:
-        return from_table(cls, config, where)
 
     def value(self, run: Run, seconds: float) -> float:
         return (self.success_weight * run.success_rate
