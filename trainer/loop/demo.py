@@ -64,6 +64,7 @@ TEAMS: dict[str, str] = {
     "relay": "agl_bridge.trainer.loop.teams.relay",
     "flow": "agl_bridge.trainer.loop.teams.flow",
     "massgen": "agl_bridge.trainer.loop.teams.massgen_arith",
+    "retry": "agl_bridge.trainer.loop.teams.retry",
 }
 
 
@@ -74,7 +75,7 @@ def team_agents(task: str) -> tuple[str, ...]:
 
 # -- tasks -------------------------------------------------------------------------------------
 def task_space(kind: str) -> list[tuple[int, int]]:
-    if kind in ("add", "relay", "massgen"):
+    if kind in ("add", "relay", "massgen", "retry"):
         return [(a, b) for a in range(2, 41) for b in range(2, 10)]
     return [(a, b) for a in range(1, 100) for b in range(1, 100)]  # "lower": numbers unused
 
@@ -256,7 +257,7 @@ def run(demo: DemoConfig, cfg: LoopConfig, *, fresh: bool = False) -> dict:
                               gate=dataclasses.replace(cfg.gate,
                                                        tasks=str(work / "gate-tasks.jsonl")))
     if demo.production:
-        if task in ("relay", "flow", "massgen"):
+        if task in ("relay", "flow", "massgen", "retry"):
             raise SystemExit("agl-bridge demo: --production serves the arithmetic team; "
                              f"--task {task} runs without it")
         return run_production(demo, record, cfg, task)

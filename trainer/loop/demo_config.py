@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from agl_bridge.settings import check_choices, setting
 
-DemoTask = Literal["add", "lower", "relay", "flow", "massgen"]
+DemoTask = Literal["add", "lower", "relay", "flow", "massgen", "retry"]
 RewardsFrom = Literal["feedback", "judge", "both"]
 
 
@@ -28,7 +28,9 @@ class DemoConfig:
                    "question, an executor carries out each step with a calculator or a price "
                    "list; massgen: two agents of the real MassGen answer sums and vote, "
                    "through its workflow tool calls (its own environment, built once under the "
-                   "cache); lower: a toy reward a random model can learn (default for tiny)")
+                   "cache); retry: one solver over several turns, told too high or too low "
+                   "until right, rewarded only at the end (multi-turn: for --convert.algorithm "
+                   "ppo); lower: a toy reward a random model can learn (default for tiny)")
     branch: int = setting(0, help="tree sampling in training rollouts, K ways per episode and "
                                    "the best continued (0: off): --task relay, the reader's "
                                    "turn; --task flow, the planner's workflow")
