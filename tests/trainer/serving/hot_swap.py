@@ -7,7 +7,7 @@ import openai
 import pyarrow as pa
 
 from agl_bridge.schema import TRANSITION_SCHEMA
-from agl_bridge.trainer.training import GRPOConfig, train_grpo
+from agl_bridge.trainer.training import GRPOConfig, train_policy
 
 
 def versions(model_dir, root, n):
@@ -17,9 +17,9 @@ def versions(model_dir, root, n):
                  "completion_mask": [1, 1], "behaviour_logprobs": None,
                  "reward": float((i + v) % 2), "group_id": "g", "merged_calls": 1,
                  "retokenized": False} for i in range(4)]
-        out.append(train_grpo(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
-                              root, adapter_name="team", progress=False,
-                              config=GRPOConfig(learning_rate=5e-2, seed=v)).adapter_dir)
+        out.append(train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), model_dir,
+                                root, adapter_name="team", progress=False,
+                                config=GRPOConfig(learning_rate=5e-2, seed=v)).adapter_dir)
     return out
 
 

@@ -15,7 +15,7 @@ from agl_bridge.trainer.conversion import convert
 from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.serving.publisher import publish_adapter
 from agl_bridge.trainer.serving.vllm_server import VLLMServer
-from agl_bridge.trainer.training import GRPOConfig, train_grpo
+from agl_bridge.trainer.training import GRPOConfig, train_policy
 from tests.paths import EXAMPLES
 
 pytestmark = pytest.mark.e2e
@@ -58,10 +58,11 @@ def loop(tmp_path_factory):
             rdir = work / f"round{r}"
             run_team(server.base_url, policy, rdir / "spans", seed=r, wire_ids=rdir / "wire.jsonl")
             stats = convert(rdir / "spans", rdir / "transitions.parquet")
-            trained = train_grpo(rdir / "transitions.parquet", model_dir, work / "adapters",
-                                 adapter_name="team", init_adapter=adapter, progress=False,
-                                 config=GRPOConfig(learning_rate=2e-2, num_train_epochs=2,
-                                                   per_device_train_batch_size=8, seed=r))
+            trained = train_policy(rdir / "transitions.parquet", model_dir, work / "adapters",
+                                   adapter_name="team", progress=False,
+                                   init_adapters={"team": adapter} if adapter else None,
+                                   config=GRPOConfig(learning_rate=2e-2, num_train_epochs=2,
+                                                     per_device_train_batch_size=8, seed=r))
             policy, adapter = publish_adapter(server.base_url, trained.adapter_dir), \
                 trained.adapter_dir
             result["rounds"].append({

@@ -9,7 +9,7 @@ import pytest
 from agl_bridge.schema import TRANSITION_SCHEMA
 from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.serving.publisher import PublishError, validate_adapter
-from agl_bridge.trainer.training import GRPOConfig, train_grpo
+from agl_bridge.trainer.training import GRPOConfig, train_policy
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +23,9 @@ def adapter(models, tmp_path_factory):
     rows = [{"episode_id": f"e{i}", "prompt_ids": [257, 40 + i], "completion_ids": [60, 61],
              "completion_mask": [1, 1], "behaviour_logprobs": None, "reward": float(i),
              "group_id": "g", "merged_calls": 1, "retokenized": False} for i in range(2)]
-    result = train_grpo(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), models[0],
-                        tmp_path_factory.mktemp("adapters"), adapter_name="team",
-                        config=GRPOConfig(lora_r=8), progress=False)
+    result = train_policy(pa.Table.from_pylist(rows, schema=TRANSITION_SCHEMA), models[0],
+                          tmp_path_factory.mktemp("adapters"), adapter_name="team",
+                          config=GRPOConfig(lora_r=8), progress=False)
     return result.adapter_dir
 
 
