@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,13 @@ from agl_bridge.prompts import (
     version_name,
 )
 from agl_bridge.trainer.serving.errors import PublishError
-from agl_bridge.trainer.serving.registry import Registry, replace_text
+from agl_bridge.trainer.serving.registry import (
+    Registry,
+    encode_history,
+    parse_history,
+    read_json,
+    replace_text,
+)
 
 PROMPTS_FILE = "prompts.json"
 PROMPT_HISTORY_FILE = "prompt_history.json"
@@ -62,9 +68,6 @@ class PromptVersion:
     @property
     def number(self) -> int:
         return int(self.name.rsplit("@p", 1)[1])
-
-
-_FIELDS = {f.name for f in fields(PromptVersion)}
 
 
 @dataclass
@@ -109,27 +112,14 @@ class PromptRegistry:
 
     # -- reading (no lock: each file is replaced atomically) -------------------------------
     def read_history(self) -> dict[str, list[PromptVersion]]:
-        raw = self._read_json(self.history_path, {})
-        if not isinstance(raw, dict):
-            raise PublishError(f"{self.history_path}: not a JSON object: the prompt history "
-                               f"is damaged")
-        out: dict[str, list[PromptVersion]] = {}
-        for agent, entries in raw.items():
-            if not isinstance(entries, list):
-                raise PublishError(f"{self.history_path}: {agent!r} is not a list of versions")
-            out[agent] = []
-            for e in entries:
-                if (not isinstance(e, dict) or not isinstance(e.get("name"), str)
-                        or not re.fullmatch(rf"{re.escape(agent)}@p\d+", e["name"])
-                        or e.get("state") not in PROMPT_STATES):
-                    raise PublishError(f"{self.history_path}: {agent!r} has a damaged entry "
-                                       f"{str(e)[:200]}")
-                out[agent].append(PromptVersion(**{k: v for k, v in e.items() if k in _FIELDS}))
-        return out
+        return parse_history(
+            read_json(self.history_path, {}, "the registry"), self.history_path, PromptVersion,
+            lambda agent, e: bool(re.fullmatch(rf"{re.escape(agent)}@p\d+", e["name"]))
+            and e.get("state") in PROMPT_STATES, "the prompt history")
 
     def read_live(self) -> dict[str, str]:
         """Agent -> live version name, from the table agents read."""
-        raw = self._read_json(self.table_path, {TABLE_KEY: {}})
+        raw = read_json(self.table_path, {TABLE_KEY: {}}, "the registry")
         try:
             entries = parse_prompts(raw)
         except PromptFileError as exc:
@@ -162,12 +152,12 @@ class PromptRegistry:
         raises."""
         with self.registry.locked():
             state = PromptState(self.read_history(), self.read_live())
-            before = (self._encode(state.history), dict(state.live))
+            before = (encode_history(state.history), dict(state.live))
             self._reconcile(state)
             yield state
             if state.live != before[1]:
                 self._write_table(state)
-            history = self._encode(state.history)
+            history = encode_history(state.history)
             if history != before[0]:
                 replace_text(self.history_path, history)
 
@@ -273,10 +263,6 @@ class PromptRegistry:
         parse_prompts(data)  # a table agents would refuse is refused here first
         replace_text(self.table_path, json.dumps(data, indent=2))
 
-    @staticmethod
-    def _encode(history: dict[str, list[PromptVersion]]) -> str:
-        return json.dumps({a: [asdict(v) for v in vs] for a, vs in history.items()}, indent=2)
-
     def _reconcile(self, state: PromptState) -> None:
         """The table (what agents use) is right; the history follows it. A version the table
         names that the history lacks (a publisher killed between the two writes) is taken
@@ -297,15 +283,3 @@ class PromptRegistry:
                     v.state, v.retired_unix = "retired", now
                 elif named and v.state != "live":
                     v.state, v.retired_unix = "live", None
-
-    @staticmethod
-    def _read_json(path: Path, missing: Any) -> Any:
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return missing
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise PublishError(f"{path}: not valid JSON ({exc}): the registry is damaged"
-                               ) from None

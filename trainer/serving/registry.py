@@ -27,11 +27,11 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from agl_bridge.aliases import AliasTable
 from agl_bridge.trainer.serving.errors import PublishError
@@ -40,6 +40,7 @@ ALIASES_FILE = "aliases.json"
 HISTORY_FILE = "history.json"
 LOCK_FILE = ".registry.lock"
 STATES = ("loading", "live", "retired", "unloaded")
+V = TypeVar("V")
 
 
 @contextmanager
@@ -78,9 +79,6 @@ class Version:
     pinned_unix: float | None = None  # when a publisher or rollback started loading it
 
 
-_FIELDS = {f.name for f in fields(Version)}
-
-
 @dataclass
 class State:
     """The registry as read under the lock; a transaction writes back what it changes."""
@@ -104,20 +102,40 @@ class State:
         self.aliases[alias] = version.name
 
 
-def _parse_history(raw: Any, path: Path) -> dict[str, list[Version]]:
+def read_json(path: Path, missing: Any, what: str) -> Any:
+    """A registry file as JSON, ``missing`` if there is none; not JSON: ``what`` is damaged."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return missing
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise PublishError(f"{path}: not valid JSON ({exc}): {what} is damaged") from None
+
+
+def parse_history(raw: Any, path: Path, make: type[V], entry_ok: Callable[[str, dict], bool],
+                  what: str) -> dict[str, list[V]]:
+    """A history file (name -> its versions, each a ``make`` dataclass) as read; an entry
+    with a string ``name`` that ``entry_ok`` accepts, or ``what`` is damaged."""
     if not isinstance(raw, dict):
-        raise PublishError(f"{path}: not a JSON object: the registry's history is damaged")
-    out: dict[str, list[Version]] = {}
-    for alias, entries in raw.items():
+        raise PublishError(f"{path}: not a JSON object: {what} is damaged")
+    names = {f.name for f in fields(cast(Any, make))}
+    out: dict[str, list[V]] = {}
+    for key, entries in raw.items():
         if not isinstance(entries, list):
-            raise PublishError(f"{path}: {alias!r} is not a list of versions")
-        out[alias] = []
+            raise PublishError(f"{path}: {key!r} is not a list of versions")
+        out[key] = []
         for e in entries:
-            if (not isinstance(e, dict) or not isinstance(e.get("name"), str)
-                    or not isinstance(e.get("directory"), str) or e.get("state") not in STATES):
-                raise PublishError(f"{path}: {alias!r} has a damaged entry {str(e)[:200]}")
-            out[alias].append(Version(**{k: v for k, v in e.items() if k in _FIELDS}))
+            if not isinstance(e, dict) or not isinstance(e.get("name"), str) or \
+                    not entry_ok(key, e):
+                raise PublishError(f"{path}: {key!r} has a damaged entry {str(e)[:200]}")
+            out[key].append(make(**{k: v for k, v in e.items() if k in names}))
     return out
+
+
+def encode_history(history: Mapping[str, list[Any]]) -> str:
+    return json.dumps({a: [asdict(v) for v in vs] for a, vs in history.items()}, indent=2)
 
 
 class Registry:
@@ -132,16 +150,10 @@ class Registry:
 
     def read_history(self) -> dict[str, list[Version]]:
         """The history as last written (no lock: each file is replaced atomically)."""
-        try:
-            text = self.history_path.read_text()
-        except FileNotFoundError:
-            return {}
-        try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            raise PublishError(f"{self.history_path}: not valid JSON ({exc}): the registry's "
-                               f"history is damaged") from None
-        return _parse_history(raw, self.history_path)
+        what = "the registry's history"
+        return parse_history(read_json(self.history_path, {}, what), self.history_path, Version,
+                             lambda _, e: isinstance(e.get("directory"), str)
+                             and e.get("state") in STATES, what)
 
     def read_aliases(self) -> dict[str, str]:
         try:
@@ -164,18 +176,14 @@ class Registry:
         changed. Nothing is written if the body raises."""
         with self.locked():
             state = State(self.read_history(), self.read_aliases())
-            before = (self._encode(state.history), dict(state.aliases))
+            before = (encode_history(state.history), dict(state.aliases))
             self._reconcile(state)  # written back with the caller's changes
             yield state
             if state.aliases != before[1]:
                 self.table.write(state.aliases)
-            history = self._encode(state.history)
+            history = encode_history(state.history)
             if history != before[0]:
                 replace_text(self.history_path, history)
-
-    @staticmethod
-    def _encode(history: dict[str, list[Version]]) -> str:
-        return json.dumps({a: [asdict(v) for v in vs] for a, vs in history.items()}, indent=2)
 
     @staticmethod
     def _reconcile(state: State) -> None:
