@@ -13,6 +13,12 @@ So the integration wraps
   ``set_final_agent``: the coordination vocabulary of ``agl_bridge.coordination``, with the vote
   tallies (``Orchestrator._get_vote_results``) on the final selection, which is what vote and
   coordination rewards are computed from;
+* the agents' ``get_configurable_system_message`` (``SingleAgent``, ``ConfigurableAgent``), under
+  a live prompt swap (``AGL_BRIDGE_PROMPTS``): MassGen builds each agent's system message
+  itself, its coordination instructions and the answers so far around the agent's own prompt
+  (its configured ``system_message``, one section), so the live version's text goes there,
+  not over the whole message; the agent's calls then run inside ``placed_prompt`` (the
+  openai patch leaves their messages alone) and their spans record the version placed;
 * the tracker's ``track_enforcement_event``, where MassGen refuses a reply that made no usable
   workflow tool call (none, a tool not offered, an answer past the limit, a vote for an unknown
   agent) and asks again: a failed ``execute_tool`` span (``error.type`` = MassGen's reason) on
@@ -25,6 +31,7 @@ One tracker is one MassGen run: one episode (the one in scope when MassGen start
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import logging
@@ -40,11 +47,14 @@ from opentelemetry.trace import Status, StatusCode
 from agl_bridge import semconv as sc
 from agl_bridge.coordination import final_selection, new_answer, restart, vote
 from agl_bridge.integrations.instrumentor import Instrumentor
+from agl_bridge.prompts import version_name
 from agl_bridge.scope import current_scope, scope_attributes, scoped, tracer
 
 logger = logging.getLogger(__name__)
 
 _TRACKER = "massgen.coordination_tracker"
+_AGENTS = "massgen.chat_agent"  # its classes that define get_configurable_system_message
+_AGENT_CLASSES = ("SingleAgent", "ConfigurableAgent")
 _ORCHESTRATOR = "massgen.orchestrator"
 # (module, class) of the backends whose stream_with_tools is the model call
 _BACKENDS = (
@@ -112,6 +122,28 @@ class _Sessions:
         return None
 
 
+def _placed_prompt(agent: str | None, version: str | None
+                   ) -> contextlib.AbstractContextManager[Any]:
+    """Under a prompt swap, the swap told that this call's system message already holds
+    ``version`` (when MassGen built it without asking for the agent's prompt: its own, p0);
+    MassGen's message is never replaced whole."""
+    if not agent:
+        return contextlib.nullcontext()
+    try:
+        from agl_bridge.integrations.openai.prompt_swap import live_prompt, placed_prompt
+
+        if version is None:
+            live = live_prompt(agent)
+            if live is None:  # no swap: nothing to tell it
+                return contextlib.nullcontext()
+            version = version_name(agent, 0)
+        return placed_prompt(version)
+    except Exception:  # the swap must never fail the agent's call
+        logger.warning("agl_bridge: the prompt swap failed for massgen agent %s", agent,
+                       exc_info=True)
+        return contextlib.nullcontext()
+
+
 def _round(session: _Session | None, agent: str | None) -> int | None:
     tracker = session.tracker() if session else None
     try:
@@ -136,6 +168,11 @@ class MassGenInstrumentor(Instrumentor):
                                 ("track_enforcement_event", self._enforcement)):
             self.wrap(_TRACKER, f"CoordinationTracker.{method}", wrapper)
         self.wrap(_ORCHESTRATOR, "Orchestrator.__init__", self._orchestrator_init)
+        self._placed: dict[str, str] = {}  # agent id -> the prompt version its message got last
+        agents = importlib.import_module(_AGENTS)
+        for name in _AGENT_CLASSES:
+            if "get_configurable_system_message" in vars(getattr(agents, name, object)):
+                self.wrap(agents, f"{name}.get_configurable_system_message", self._own_prompt)
         for module, name in _BACKENDS:
             try:
                 cls = getattr(importlib.import_module(module), name)
@@ -159,6 +196,26 @@ class MassGenInstrumentor(Instrumentor):
             session.orchestrator = weakref.ref(instance)
         return result
 
+    # -- prompts ---------------------------------------------------------------------------
+    def _own_prompt(self, wrapped, instance, args, kwargs):
+        """The agent's own prompt, or the live version's text under a prompt swap."""
+        own = wrapped(*args, **kwargs)
+        agent = getattr(instance, "agent_id", None)
+        if not isinstance(agent, str):
+            return own
+        try:
+            from agl_bridge.integrations.openai.prompt_swap import live_prompt
+
+            live = live_prompt(agent)
+        except Exception:  # the swap must never fail the agent's call: its own prompt
+            logger.warning("agl_bridge: the prompt swap failed for massgen agent %s; its own "
+                           "prompt is used", agent, exc_info=True)
+            return own
+        if live is None:
+            return own
+        self._placed[agent] = live.version
+        return own if live.text is None else live.text
+
     # -- model calls -----------------------------------------------------------------------
     def _stream_with_tools(self, wrapped, instance, args, kwargs):
         agent = kwargs.get("agent_id")
@@ -170,10 +227,12 @@ class MassGenInstrumentor(Instrumentor):
         scope = dict(episode_id=session.episode_id, task_id=session.task_id, agent_name=agent,
                      turn_index=turn, coordination_round=_round(session, agent))
 
+        placed = self._placed.get(agent) if agent else None
+
         async def stream():
             token = _IN_CALL.set(True)
             try:
-                with scoped(**scope):
+                with scoped(**scope), _placed_prompt(agent, placed):
                     async for chunk in wrapped(*args, **kwargs):
                         yield chunk
             finally:

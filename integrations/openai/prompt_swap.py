@@ -14,6 +14,12 @@ table set, a call the table swaps nothing for (no entry, or ``<agent>@p0``) is r
 ``<agent>@p0``. A call that no agent makes is never touched. The caller's message list is
 never changed in place.
 
+A framework that builds an agent's system message itself around the agent's own prompt
+(MassGen: its coordination instructions, the answers so far and, as one section, the agent's
+configured ``system_message``) must not lose the rest: its integration puts the live text where
+the agent's own prompt goes (``live_prompt``) and runs the call inside ``placed_prompt``, so
+the swap sends the messages as they are and the span records the version placed.
+
 Off unless asked: with ``AGL_BRIDGE_PROMPTS`` unset nothing is read. A table that cannot be
 used never fails a call (the alias table's rules), and neither does a request this cannot
 read: the swap is skipped with a warning (``patch.py``).
@@ -24,15 +30,20 @@ On: ``enable_prompt_swap()``; the OpenAI instrumentor and the routing instrument
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
-from agl_bridge.prompts import default_prompt_table, version_name
+from agl_bridge.prompts import LivePrompt, default_prompt_table, version_name
 from agl_bridge.scope import current_scope
 
 from . import patch
 
 SYSTEM_ROLES = ("system", "developer")
+
+# the prompt version a framework's integration put into the messages itself (``placed_prompt``)
+_PLACED: ContextVar[str | None] = ContextVar("agl_bridge_prompt_placed", default=None)
 
 
 def with_prompt(messages: Sequence[Any], text: str) -> list[Any]:
@@ -52,6 +63,9 @@ def swap(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     table = default_prompt_table()
     if table is None:
         return kwargs, None
+    placed = _PLACED.get()
+    if placed is not None:
+        return kwargs, placed
     agent = current_scope().get("agent_name")
     messages = kwargs.get("messages")
     if not isinstance(agent, str) or not agent or not isinstance(messages, Sequence) \
@@ -61,6 +75,32 @@ def swap(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     if live is None or live.text is None:
         return kwargs, version_name(agent, 0)
     return {**kwargs, "messages": with_prompt(messages, live.text)}, live.version
+
+
+def live_prompt(agent: str) -> LivePrompt | None:
+    """What the swap would give ``agent`` now: its live prompt (``text`` None for p0: its own),
+    ``<agent>@p0`` when the table has no entry for it, or None when the swap is off or no table
+    is set. Never raises for a table that cannot be used (the last good one is read)."""
+    if not prompt_swap_enabled():
+        return None
+    table = default_prompt_table()
+    if table is None:
+        return None
+    return table.live(agent) or LivePrompt(version_name(agent, 0), None)
+
+
+@contextmanager
+def placed_prompt(version: str) -> Iterator[None]:
+    """Calls made inside send their messages as they are and record ``version``: the
+    framework's integration has put that version's text where the agent's own prompt goes."""
+    token = _PLACED.set(version)
+    try:
+        yield
+    finally:
+        try:
+            _PLACED.reset(token)
+        except ValueError:  # an async generator closed from another context
+            pass
 
 
 def enable_prompt_swap() -> None:
