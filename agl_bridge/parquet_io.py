@@ -134,11 +134,7 @@ def write_temp_batches(batches: Iterable[pa.RecordBatch], schema: pa.Schema,
                                        row_group_size=row_group_size)
                     rows += held
         pool.release_unused()
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(tmp)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -154,12 +150,13 @@ def publish(tmp: Path, path: str | os.PathLike[str]) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     return path
 
 
-def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

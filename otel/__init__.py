@@ -9,7 +9,6 @@ from typing import Any
 
 _LAZY = {
     "ParquetSpanExporter": "agl_bridge.otel.parquet_exporter",
-    "spans_to_table": "agl_bridge.otel.parquet_exporter",
     "SpanParquetWriter": "agl_bridge.otel.parquet_writer",
     "build_row": "agl_bridge.otel.rows",
     "span_to_row": "agl_bridge.otel.rows",

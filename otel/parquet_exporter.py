@@ -16,29 +16,16 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from agl_bridge.otel.parquet_writer import SpanParquetWriter
 from agl_bridge.otel.span_columns import spans_to_tables
-from agl_bridge.schema import SPAN_SCHEMA
 
 logger = logging.getLogger(__name__)
 
 PARQUET_DIR_ENV = "AGL_BRIDGE_PARQUET_DIR"
 DEFAULT_PARQUET_DIR = "agl_bridge_traces"
-
-
-def spans_to_table(spans: Sequence[ReadableSpan]) -> pa.Table:
-    """Spans as one table of ``SPAN_SCHEMA`` rows (all partitions); raises on a span no row
-    can hold."""
-    made = spans_to_tables(spans)
-    if made.bad:
-        raise ValueError(f"span {made.bad[0][0].name!r}: {made.bad[0][1]}")
-    if not made.tables:
-        return SPAN_SCHEMA.empty_table()
-    return pa.concat_tables(made.tables.values())
 
 
 class ParquetSpanExporter(SpanExporter):

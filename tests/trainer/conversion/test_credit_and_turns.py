@@ -90,7 +90,7 @@ def test_turns_from_rounds_of_real_spans(spans):
 
     import agl_bridge
     from agl_bridge import semconv as sc
-    from agl_bridge.otel.parquet_exporter import spans_to_table
+    from tests.span_files import spans_to_table
 
     def call(prompt, completion):  # an instrumentor's span: the scope processor stamps it
         trace.get_tracer("tests.llm").start_span("chat m", attributes={

@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import agl_bridge
-from agl_bridge.otel.parquet_exporter import spans_to_table
 from agl_bridge.parquet_io import iter_parquet_files
 from agl_bridge.trainer.conversion import ConvertConfig, convert
 from agl_bridge.trainer.judging import JudgeConfig, judge_spans
@@ -21,6 +20,7 @@ from agl_bridge.trainer.judging.cache import JudgeCache
 from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.rewards.judge import Rubric
 from agl_bridge.trainer.serving.vllm_server import VLLMServer
+from tests.span_files import spans_to_table
 
 pytestmark = pytest.mark.e2e
 

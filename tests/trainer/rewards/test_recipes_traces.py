@@ -16,7 +16,6 @@ import pytest
 
 from agl_bridge import semconv as sc
 from agl_bridge.feedback import evaluation_attributes, evaluation_row
-from agl_bridge.otel.parquet_exporter import spans_to_table
 from agl_bridge.otel.rows import rows_to_table
 from agl_bridge.parquet_io import iter_parquet_files
 from agl_bridge.trainer.conversion import ConvertConfig, convert
@@ -24,6 +23,7 @@ from agl_bridge.trainer.rewards.recipes import load_recipe
 from tests.conftest import load_example
 from tests.massgen_venv import RUNNER, call
 from tests.scripted_server import ScriptedServer
+from tests.span_files import spans_to_table
 
 ANSWER_IDS, VOTE_IDS, FINAL_IDS = [21, 22], [31, 32], [41, 42]
 
