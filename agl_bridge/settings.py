@@ -533,3 +533,12 @@ def check_choices(config: Any) -> None:
         wanted = one_of(choices) if typing.get_origin(tp) is Literal and choices else \
             type_name(tp)
         raise ValueError(f"{f.name} must be {wanted}, got {value!r}")
+
+
+def at_least(config: Any, minimum: int, *names: str) -> None:
+    """For ``__post_init__``: each named setting of ``config``, unless unset, is at least
+    ``minimum``."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"{name} must be at least {minimum}, got {value!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agl_bridge.settings import check_choices, setting
+from agl_bridge.settings import at_least, check_choices, setting
 from agl_bridge.trainer.rewards.judge import DEFAULT_MAX_EPISODE_CHARS
 
 JudgeMode = Literal["absolute", "relative"]
@@ -51,12 +51,6 @@ class JudgeConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        for name in ("concurrency", "max_episodes", "max_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value!r}")
-        if self.retries < 0:
-            raise ValueError(f"retries must be at least 0, got {self.retries!r}")
-        if self.max_episode_chars < 100:
-            raise ValueError(f"max_episode_chars must be at least 100, got "
-                             f"{self.max_episode_chars!r}")
+        at_least(self, 1, "concurrency", "max_episodes", "max_tokens")
+        at_least(self, 0, "retries")
+        at_least(self, 100, "max_episode_chars")

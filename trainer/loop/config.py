@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agl_bridge.settings import check_choices, setting, values
+from agl_bridge.settings import at_least, check_choices, setting, values
 from agl_bridge.trainer.conversion.config import ConvertConfig
 from agl_bridge.trainer.judging.config import JudgeConfig
 from agl_bridge.trainer.loop.apo.config import ApoSearchConfig
@@ -53,8 +53,7 @@ class GateConfig:
         check_choices(self)
         if self.inputs < 0:
             raise ValueError(f"inputs must be 0 or more, got {self.inputs!r}")
-        if self.rollouts < 1:
-            raise ValueError(f"rollouts must be at least 1, got {self.rollouts!r}")
+        at_least(self, 1, "rollouts")
         if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"temperature must be 0 or more, got {self.temperature!r}")
         if self.tolerance < 0:
@@ -74,12 +73,10 @@ class WatchConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        if self.episodes < 1:
-            raise ValueError(f"episodes must be at least 1, got {self.episodes!r}")
+        at_least(self, 1, "episodes")
         if self.margin < 0:
             raise ValueError(f"margin must be 0 or more, got {self.margin!r}")
-        if self.window < 1:
-            raise ValueError(f"window must be at least 1, got {self.window!r}")
+        at_least(self, 1, "window")
 
 
 @dataclass
@@ -185,14 +182,11 @@ class LoopConfig:
                 raise ValueError("replay plays the inputs of a live traces directory: set traces")
             if self.replay_k < 2:
                 raise ValueError(f"replay_k must be at least 2 (a group), got {self.replay_k!r}")
-            if self.replay_inputs < 1:
-                raise ValueError(f"replay_inputs must be at least 1, got {self.replay_inputs!r}")
+            at_least(self, 1, "replay_inputs")
             if (self.replay_team or self.eval_team or self.team) is None:
                 raise ValueError("replay needs a team command: replay_team (or eval_team)")
-        for name in ("tasks_per_round", "rollouts", "min_episodes", "rounds", "eval_rollouts",
-                     "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        at_least(self, 1, "tasks_per_round", "rollouts", "min_episodes", "rounds", "eval_rollouts",
+                 "max_tokens")
         for name in ("temperature", "eval_temperature", "settle_s", "max_wait_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)!r}")

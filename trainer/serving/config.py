@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agl_bridge.settings import check_choices, setting
+from agl_bridge.settings import at_least, check_choices, setting
 
 REGISTRY = "agl_bridge_registry"  # the registry's directory when none is given (not the loop's)
 
@@ -35,9 +35,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        for name in ("max_model_len", "max_lora_rank", "max_loras", "kv_cache_gib"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        at_least(self, 1, "max_model_len", "max_lora_rank", "max_loras", "kv_cache_gib")
 
     def extra_args(self) -> list[str]:
         """The vLLM flags these settings add to those ``VLLMServer`` always passes."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agl_bridge.settings import check_choices, setting
+from agl_bridge.settings import at_least, check_choices, setting
 from agl_bridge.trainer.adapters import version_of
 from agl_bridge.trainer.rewards.credit import Algorithm
 from agl_bridge.trainer.rewards.normalization import Grouping, NormalizationMethod
@@ -143,10 +143,8 @@ class GRPOConfig:
         if isinstance(self.reward_normalization, Mapping):  # from Python, as a file gives it
             self.reward_normalization = RewardNormalization(**self.reward_normalization)
         check_choices(self)
-        for name in ("num_train_epochs", "per_device_train_batch_size",
-                     "gradient_accumulation_steps", "lora_r", "lora_alpha"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        at_least(self, 1, "num_train_epochs", "per_device_train_batch_size",
+                 "gradient_accumulation_steps", "lora_r", "lora_alpha")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be positive, got {self.learning_rate!r}")
         if self.critic_learning_rate is not None and not self.critic_learning_rate > 0:

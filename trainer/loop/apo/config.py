@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from agl_bridge.settings import check_choices, setting
+from agl_bridge.settings import at_least, check_choices, setting
 
 GateRule = Literal["not_worse", "better", "off"]
 
@@ -46,13 +46,9 @@ class ApoSearchConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        for name in ("beam_width", "branch_factor", "beam_rounds", "gradient_batch_size",
-                     "val_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
-        if self.max_episode_chars < 100:
-            raise ValueError(f"max_episode_chars must be at least 100, got "
-                             f"{self.max_episode_chars!r}")
+        at_least(self, 1, "beam_width", "branch_factor", "beam_rounds", "gradient_batch_size",
+                 "val_batch_size")
+        at_least(self, 100, "max_episode_chars")
 
 
 @dataclass(frozen=True)
@@ -88,8 +84,7 @@ class ApoConfig(ApoSearchConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.rollouts < 1:
-            raise ValueError(f"rollouts must be at least 1, got {self.rollouts!r}")
+        at_least(self, 1, "rollouts")
 
     def missing(self) -> list[str]:
         """The settings a run needs that were not given."""
