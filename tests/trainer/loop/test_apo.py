@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 
+import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge.cli import main
@@ -29,6 +30,7 @@ from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
 from agl_bridge.trainer.loop.gate import Scores
 from agl_bridge.trainer.loop.team import run_team
 from agl_bridge.trainer.serving.prompts import PromptRegistry
+from tests.factories import llm, reward, table
 from tests.paths import AGENTS
 from tests.scripted_server import ScriptedServer
 
@@ -250,3 +252,81 @@ def test_apo_imports_no_torch():
     code = ("import sys; import agl_bridge.trainer.loop.apo.run, agl_bridge.cli; "
             "sys.exit(bool({'torch', 'transformers', 'peft', 'vllm'} & set(sys.modules)))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# -- traces without token ids: APO reads text ------------------------------------------------
+def test_traces_from_a_hosted_api_without_token_ids(tmp_path):
+    """A server that returns no token ids (a hosted API): the stored episodes are still
+    rewarded (their inline rewards, through conversion) and read as text."""
+    world = World(["Be polite.", GOOD])
+    logs: list[str] = []
+    with ScriptedServer(vllm=False, script=world) as server:
+        traces = stored_traces(tmp_path, server)
+        rows = [r for r in pq.read_table(traces).to_pylist() if r["operation_name"] == "chat"]
+        assert len(rows) == 4 and all(r["prompt_token_ids"] is None for r in rows)
+        (o,) = run_apo(traces, config(tmp_path, server, beam_width=1, branch_factor=2,
+                                      beam_rounds=1), tmp_path / "apo", log=logs.append)
+    assert "4 LLM calls have no token ids (a hosted API, another instrumentor): read as text" \
+        in logs
+    assert "solver: 4 rewarded episodes; root solver@p0" in logs
+    assert "say 40" in world.critiques[0] and "reward 0" in world.critiques[0]
+    assert o.published == "solver@p1"
+    reg = PromptRegistry(tmp_path / "reg")
+    assert reg.text("solver", "p0") == "You are a helpful assistant."  # from the traces
+    assert reg.text("solver", "p1") == GOOD
+    assert not list(traces.rglob("*placeholder*"))  # the stored traces are left as they were
+    assert all(r["prompt_token_ids"] is None for r in pq.read_table(traces).to_pylist()
+               if r["operation_name"] == "chat")
+
+
+def openinference_call(trace, t, session, question, answer):
+    """An LLM call as OpenInference records it: messages in its own keys, the agent and the
+    session as attributes, no episode, agent column or token ids."""
+    attributes = {"openinference.span.kind": "LLM", "llm.model_name": "hosted",
+                  "agent.name": "solver", "session.id": session,
+                  "llm.input_messages.0.message.role": "system",
+                  "llm.input_messages.0.message.content": "You are a helpful assistant.",
+                  "llm.input_messages.1.message.role": "user",
+                  "llm.input_messages.1.message.content": question,
+                  "llm.output_messages.0.message.role": "assistant",
+                  "llm.output_messages.0.message.content": answer}
+    row = llm(None, t, task=None, agent=None, prompt=None, completion=None, trace=trace,
+              turn=None)
+    row.update(operation_name=None, attributes=json.dumps(attributes))
+    return row
+
+
+def test_agl_bridge_apo_on_another_instrumentors_traces(tmp_path, capsys):
+    """OpenInference spans (each session of two requests, two traces, is one episode),
+    rewarded by reward spans in their traces: ``agl-bridge apo`` critiques them as text and
+    publishes a better prompt."""
+    rows = []
+    for s, (answer, value) in enumerate([("40", 1.0), ("hello", 0.0)]):
+        for k in range(2):
+            trace = f"{s}{k}".ljust(32, "a")
+            rows.append(openinference_call(trace, 10 * s + k, f"sess-{s}", f"say 4{s}",
+                                           answer))
+        rows.append(reward(None, 10 * s + 5, value, trace=trace))
+    (tmp_path / "foreign").mkdir()
+    pq.write_table(table(rows), tmp_path / "foreign/spans.parquet")
+    world = World([GOOD])
+    with ScriptedServer(vllm=False, script=world) as server:
+        (tmp_path / "apo.toml").write_text(
+            f'agents = ["solver"]\nregistry = "{tmp_path / "reg"}"\nteam = "{TEAM}"\n'
+            f'val_tasks = "{tasks_file(tmp_path / "val.jsonl", 4)}"\n'
+            f'base_url = "{server.base_url}"\nbeam_width = 1\nbranch_factor = 1\n'
+            f'beam_rounds = 1\n')
+        assert main(["apo", str(tmp_path / "foreign"), "--workdir", str(tmp_path / "w"),
+                     "--config", str(tmp_path / "apo.toml")]) == 0
+    captured = capsys.readouterr()
+    assert "4 LLM calls have no token ids" in captured.err
+    assert "solver: 2 rewarded episodes; root solver@p0" in captured.err  # the two sessions
+    assert "solver: 2 candidates from solver@p0, best r1c1: published solver@p1" in captured.out
+    critique = world.critiques[0]  # the best and the worst session, each with both replies
+    assert "say 40" in critique and "say 41" in critique
+    assert critique.count("[solver] assistant: 40") == 2
+    assert critique.count("[solver] assistant: hello") == 2
+    assert "reward 1" in critique and "reward 0" in critique
+    reg = PromptRegistry(tmp_path / "reg")
+    assert reg.text("solver", "p0") == "You are a helpful assistant."
+    assert reg.text("solver", "p1") == GOOD

@@ -36,6 +36,7 @@ from agl_bridge.trainer.loop.apo.transcripts import (
     best_and_worst,
     converted_rewards,
     result_rewards,
+    text_traces,
     transcripts,
 )
 from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
@@ -100,13 +101,18 @@ def run_apo(traces: str | Path, config: ApoConfig, workdir: str | Path, *,
     scoring = Scoring(config.team, _tasks(config.val_tasks, config.val_batch_size),
                       config.base_url, aliases, config.rollouts, config.temperature)
     optimizer = optimizer or optimizer_for(config, config.base_url)
-    stored = converted_rewards(traces)
     rng = random.Random(config.seed)
     outcomes = []
+    with text_traces(traces) as (readable, without_ids):
+        if without_ids:
+            log(f"{without_ids} LLM calls have no token ids (a hosted API, another "
+                f"instrumentor): read as text")
+        stored = converted_rewards(readable)
+        pools = {agent: transcripts(readable, stored, max_chars=config.max_episode_chars,
+                                    tokenizer=config.tokenizer, agent=agent)
+                 for agent in config.agents}
     for agent in config.agents:
-        pool = transcripts(traces, stored, max_chars=config.max_episode_chars,
-                           tokenizer=config.tokenizer, agent=agent)
-        searched = search_agent(agent, pool, search=config, registry=registry,
+        searched = search_agent(agent, pools[agent], search=config, registry=registry,
                                 optimizer=optimizer, scoring=scoring, work=work / agent,
                                 rng=rng, others=live_entries(registry), source=str(traces),
                                 log=log)

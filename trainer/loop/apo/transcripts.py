@@ -5,13 +5,20 @@ messages in time order with the agent's name; token ids decoded with ``tokenizer
 store has no messages); the reward is the episode's mean transition reward after conversion,
 so every source the product reads counts (inline rewards, feedback, evaluation events, recipes,
 judges' verdicts), or the team's own ``score`` when its result lines name the episode.
+
+APO reads text only, so token ids are never needed: ``text_traces`` gives conversion LLM calls
+that have none (a hosted API; another instrumentor's spans, put in our shape by
+``conversion/foreign.py``, their sessions as episodes) a one-token placeholder, so that their
+episodes are rewarded as any other; the transitions it builds are read for their rewards and
+thrown away.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +57,54 @@ def converted_rewards(source: Source, config: Any = None) -> dict[str, float]:
         if e is not None and r is not None and math.isfinite(r):
             sums.setdefault(e, []).append(r)
     return {e: math.fsum(v) / len(v) for e, v in sums.items()}
+
+
+PLACEHOLDER_IDS = [0]  # a call's ids where it has none: its text is what APO reads
+
+
+@contextlib.contextmanager
+def text_traces(source: Source) -> Iterator[tuple[Source, int]]:
+    """``(source, 0)`` when every LLM call in it has token ids; else ``(a copy, n)`` for the
+    ``with`` block: other instrumentors' calls in our shape (messages, operation, agent; their
+    sessions as episodes), and the ``n`` calls that have messages but no ids given a
+    placeholder, so conversion rewards their episodes (inline rewards, feedback, evaluation
+    events, recipes and judges' verdicts, as for any episode). Raises ``FileNotFoundError``
+    when ``source`` holds no span Parquet."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from agl_bridge import semconv as sc
+    from agl_bridge.trainer.conversion import ConversionStats
+    from agl_bridge.trainer.conversion.foreign import (
+        normalize,
+        trace_sessions,
+        with_session_episodes,
+    )
+    from agl_bridge.trainer.conversion.sources import read_spans, span_files
+
+    if not span_files(source):
+        raise FileNotFoundError(f"no span Parquet files under {source}")
+    spans = read_spans(source, ConversionStats())
+    read = normalize(with_session_episodes(spans, trace_sessions([spans])), ConversionStats())
+    chat = pc.fill_null(pc.equal(read["operation_name"], sc.OP_CHAT), False)
+    no_ids = pc.and_(chat, pc.or_(pc.is_null(read["prompt_token_ids"]),
+                                  pc.is_null(read["completion_token_ids"])))
+    has_text = pc.fill_null(pc.match_substring(read["attributes"],
+                                               f'"{sc.GEN_AI_INPUT_MESSAGES}"'), False)
+    fill = pc.and_(no_ids, has_text)
+    n = pc.sum(fill).as_py() or 0
+    if read is spans and not n:
+        yield source, 0
+        return
+    for name in ("prompt_token_ids", "completion_token_ids"):
+        column = read[name]
+        placeholder = pa.array([PLACEHOLDER_IDS] * read.num_rows, column.type)
+        read = read.set_column(read.column_names.index(name), name,
+                               pc.if_else(fill, placeholder, column))
+    with tempfile.TemporaryDirectory(prefix="agl-apo-text-") as tmp:
+        pq.write_table(read, Path(tmp) / "spans.parquet")
+        yield tmp, n
 
 
 def result_rewards(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
