@@ -116,9 +116,10 @@ def _call(row: dict[str, Any], path: Path, problems: list[str]) -> Call:
                 completion_ids=row.get("completion_token_ids"), failed=failed)
 
 
-def read_episodes(source: str | os.PathLike[str],
+def read_episodes(source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
                   decoder: Callable[[], Decode] | None = None) -> Episodes:
-    """The episodes under ``source`` (a span Parquet file or directory tree), as text.
+    """The episodes under ``source`` (a span Parquet file or directory tree, or a list), as
+    text.
     ``decoder`` makes the token id decoder; it is called only when a call has ids but no
     messages (so a messages-level store never loads a tokenizer)."""
     out = Episodes()

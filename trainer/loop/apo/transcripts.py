@@ -114,7 +114,7 @@ def result_rewards(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
             and isinstance(r.get("score"), (int, float)) and not isinstance(r["score"], bool)}
 
 
-def transcripts(source: str | Path, rewards: Mapping[str, float], *, max_chars: int,
+def transcripts(source: Source, rewards: Mapping[str, float], *, max_chars: int,
                 tokenizer: str | None = None, agent: str | None = None) -> list[Transcript]:
     """The rewarded episodes under ``source`` as text, those where ``agent`` spoke (all when
     None); raises ``ValueError`` naming the source when none is left."""
