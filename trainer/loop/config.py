@@ -146,10 +146,14 @@ class LoopConfig:
         if not self.model and not (self.algorithm == "apo" and self.server):
             raise ValueError("model: a local model directory is required (algorithm apo on a "
                              "given server needs none)")
-        if self.algorithm != "lora" and (self.team is None or self.tasks is None):
-            raise ValueError(f"algorithm {self.algorithm}: prompt candidates are scored on the "
-                             f"round's training tasks: give team and tasks (a live traces "
-                             f"directory is for algorithm lora)")
+        if self.algorithm != "lora" and self.traces is not None \
+                and (self.replay_team or self.eval_team) is None:
+            raise ValueError(f"algorithm {self.algorithm} on live traces: prompt candidates "
+                             f"play the round's newest real inputs again: give replay_team "
+                             f"(or eval_team), a command that writes result lines with a score")
+        if self.algorithm != "lora" and self.gate.rule != "off" and self.gate.inputs:
+            raise ValueError(f"algorithm {self.algorithm}: the prompt gate plays held-out tasks "
+                             f"(gate.tasks or eval_tasks); gate.inputs is for algorithm lora")
         if (self.team is None) == (self.traces is None):
             raise ValueError("give either team (with tasks) or traces: where episodes come from")
         if self.team is not None and self.tasks is None:

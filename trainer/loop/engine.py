@@ -322,7 +322,7 @@ class Loop:
         if sources is None:
             return False
         if self.prompts is not None:  # algorithm apo, apo+lora: the prompt versions' watch
-            self.prompts.watch(r, rdir, record)
+            self.prompts.watch(r, rdir, record, sources)
         if self._unjudged() is not None:
             self._watch(record, self._transitions_for_watch(rdir, sources))
         if self._unjudged() is not None:  # one change at a time: judge the live one first
@@ -335,7 +335,7 @@ class Loop:
         elif self.prompts is not None and self.prompts.holds(r, record, sources):
             trained = None  # a prompt version not judged yet: one change at a time
         elif self.prompts is not None and self.prompts.turn(r):
-            self.prompts.round(r, rdir, record)  # prompts change; adapters stay
+            self.prompts.round(r, rdir, record, sources)  # prompts change; adapters stay
             trained = None
         else:
             sources = [Path(s) for s in self.data.get("held_sources", [])] + sources

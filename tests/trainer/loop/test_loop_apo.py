@@ -199,9 +199,64 @@ def test_apo_settings(tmp_path):
         with pytest.raises(ValueError, match="model: a local model directory is required"):
             build(LoopConfig, {**base, "algorithm": algorithm}, "t").check()
     live = {k: v for k, v in base.items() if k not in ("team", "tasks")}
-    with pytest.raises(ValueError, match="algorithm apo: prompt candidates are scored on the "
-                                         "round's training tasks: give team and tasks"):
+    with pytest.raises(ValueError, match="algorithm apo on live traces: prompt candidates play "
+                                         "the round's newest real inputs again: give "
+                                         "replay_team"):
         build(LoopConfig, {**live, "traces": str(tmp_path), "algorithm": "apo"}, "t").check()
+    live_apo = {**live, "traces": str(tmp_path), "algorithm": "apo", "replay_team": "python r"}
+    assert build(LoopConfig, live_apo, "t").check().traces == str(tmp_path)
+    with pytest.raises(ValueError, match="the prompt gate plays held-out tasks"):
+        build(LoopConfig, {**live_apo, "gate": {"rule": "not_worse", "inputs": 4}},
+              "t").check()
+
+
+def test_apo_on_a_live_service(tmp_path):
+    """Live traces (``traces``, no team of the loop's): a service, the same program, answers
+    users with the registry's prompt table. Each round's search reads the users' rewarded
+    episodes since the last round; candidates (and the root) play the round's newest real
+    inputs again through the replay command; the winner is gated on the held-out tasks and
+    published; the service's next calls carry it, and the watch judges it by the users'
+    rewards."""
+    from agl_bridge.trainer.loop.engine import LoopCallback
+    from agl_bridge.trainer.loop.team import run_team
+
+    world = World([DIGITS, POLITE])
+    prod = tmp_path / "prod"
+
+    def service(n: int, numbers: list[int]) -> None:
+        run_team(TEAM, [{"task_id": f"u{n}-{i}", "number": x} for i, x in enumerate(numbers)],
+                 prod / f"run{n}", base_url=server.base_url, aliases=None,
+                 extra_env={"AGL_BRIDGE_PROMPTS": str(tmp_path / "registry/prompts.json"),
+                            "AGL_BRIDGE_CAPTURE": "messages"})
+
+    class Users(LoopCallback):  # more users after each round, on what is live then
+        def on_round_end(self, loop, directory, record):
+            service(record["round"] + 1, [14, 16, 18, 20, 22, 24])
+
+    with ScriptedServer(vllm=True, script=world) as server:
+        service(0, [2, 4, 6, 8, 10, 12])  # its own prompt: wrong on even numbers
+        cfg = setup(tmp_path, server, train=[], held_out=[50, 52, 54, 56], team=None,
+                    tasks=None, traces=str(prod), settle_s=0.0, min_episodes=6, max_wait_s=5.0,
+                    replay_team=TEAM, replay_field="app.number", eval_team=TEAM,
+                    **{"watch.episodes": 6})
+        data = Loop(cfg, callbacks=[Users()]).run()
+    r0, r1 = data["rounds"]
+    # round 0: the users' episodes were critiqued; the root and DIGITS played the newest four
+    # real inputs again; DIGITS won, passed the gate on the held-out tasks, was published
+    assert r0["apo"]["solver"]["root"] == "solver@p0"
+    assert r0["apo"]["solver"]["root_score"] == 0.0 and r0["apo"]["solver"]["best_score"] == 1.0
+    assert {n for s, n in world.team if s == DIGITS} >= {6, 8, 10, 12}
+    users = {int(n) for n in re.findall(r"user: say (\d+)", world.critiques[0])}
+    assert users and users <= {2, 4, 6, 8, 10, 12} and "reward 0" in world.critiques[0]
+    assert r0["gate"]["publish"] and r0["published"] == {"solver": "solver@p1"}
+    # the service followed the table: its next users got p1, and the watch kept it by their
+    # rewards (1.0 against p0's 0.0)
+    assert set(episode_prompt_versions(prod / "run0/spans").values()) == {"solver@p0"}
+    assert set(episode_prompt_versions(prod / "run1/spans").values()) == {"solver@p1"}
+    assert r1["prompt_watch"]["verdict"] == "keep" and r1["prompt_watch"]["current"] == 1.0
+    assert r1["published"] == {}  # POLITE did not beat p1 on round 1's inputs
+    assert data["baseline"]["score"] == 0.0 and data["final"]["score"] == 1.0
+    assert not any(f"say {n}" in c for c in world.critiques for n in (50, 52, 54, 56))
 
 
 def test_apo_and_lora_take_turns(tmp_path):

@@ -15,7 +15,10 @@ live adapters and prompts, the agents following the prompt table ``AGL_BRIDGE_PR
    first critique reads, the root is the live prompt scored by the round itself (no extra
    play), candidates play the first ``[apo] val_batch_size`` of the round's tasks as the round
    did (``rollouts`` at ``temperature``), each later agent against the earlier ones' winners;
-   never on held-out tasks, so the gate's tasks stay unseen by the selection;
+   never on held-out tasks, so the gate's tasks stay unseen by the selection. On a live service
+   (``traces``): the users' episodes since the last round are read (as text: no token ids
+   needed), and the root and the candidates play the round's newest real inputs again (the
+   replay command, ``replay_field``);
 3. **gate**: the live prompts and the candidate table on the gate's held-out tasks, through the
    loop's own evaluation (cached per adapter and prompt versions), ``gate_team_and_roles`` with
    the ``[gate]`` rule: the team not worse beyond noise and each changed agent's own score not;
@@ -39,12 +42,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agl_bridge.capture import CAPTURE_ENV
+from agl_bridge.parquet_io import iter_parquet_files
 from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_name
 from agl_bridge.trainer.judging.client import JudgeHTTPError
 from agl_bridge.trainer.loop.apo.run import Scoring, live_entries, optimizer_for, search_agent
 from agl_bridge.trainer.loop.apo.transcripts import (
     converted_rewards,
     result_rewards,
+    text_traces,
     transcripts,
 )
 from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
@@ -100,6 +105,8 @@ class PromptLever:
         self.registry = PromptRegistry(loop.registry)
         loop.data.setdefault("prompt_rewards", {})  # prompt versions' key -> episode rewards
         self._rewards: dict[str, float] = {}  # this round's, per episode
+        if self.cfg.traces is not None:  # a live service reads the table: an empty one at first
+            self.env()
 
     def turn(self, r: int) -> bool:
         """Round ``r`` changes prompts (apo), not adapters."""
@@ -146,19 +153,23 @@ class PromptLever:
                 CAPTURE_ENV: os.environ.get(CAPTURE_ENV) or "messages"}
 
     # -- the watch ----------------------------------------------------------------------------
-    def watch(self, r: int, rdir: Path, record: dict[str, Any]) -> None:
-        """The round's episodes' rewards by the prompt versions that served them; the prompt
-        version published last is judged against the best recent prompt state and rolled back
-        if it is worse beyond noise and the margin (as ``Loop._watch`` judges adapters)."""
+    def watch(self, r: int, rdir: Path, record: dict[str, Any], sources: list[Path]) -> None:
+        """The round's episodes' rewards (``sources``: the team's spans, or a live service's
+        new span files) by the prompt versions that served them; the prompt version published
+        last is judged against the best recent prompt state and rolled back if it is worse
+        beyond noise and the margin (as ``Loop._watch`` judges adapters)."""
         log = self.log
         cfg, data = self.cfg, self.loop.data
         record["lever"] = "apo" if self.turn(r) else "lora"
-        spans = rdir / "spans"
-        self._rewards = converted_rewards(spans, cfg.convert) if spans.is_dir() else {}
-        if not self._rewards:  # no token ids (a hosted API): conversion has nothing; the
-            self._rewards = result_rewards(read_results(rdir / "results.jsonl"))  # team's own
+        self._rewards = {}
+        if any(True for _ in iter_parquet_files(sources)):
+            with text_traces(sources) as (readable, _):  # no token ids needed
+                self._rewards = converted_rewards(readable, cfg.convert,
+                                                  evaluations_from=cfg.traces)
+        if not self._rewards and (rdir / "results.jsonl").exists():  # the team's own scores
+            self._rewards = result_rewards(read_results(rdir / "results.jsonl"))
         kept_all = data["prompt_rewards"]
-        for episode, key in episode_prompt_versions(spans).items() if spans.is_dir() else ():
+        for episode, key in episode_prompt_versions(sources).items():
             if episode in self._rewards:
                 kept = kept_all.setdefault(key, [])
                 kept.append(self._rewards[episode])
@@ -220,7 +231,7 @@ class PromptLever:
         return True
 
     # -- an APO round -------------------------------------------------------------------------
-    def round(self, r: int, rdir: Path, record: dict[str, Any]) -> None:
+    def round(self, r: int, rdir: Path, record: dict[str, Any], sources: list[Path]) -> None:
         """Search each agent's prompt from the round's episodes, gate the winners together,
         publish them."""
         loop, cfg, log = self.loop, self.cfg, self.log
@@ -228,13 +239,24 @@ class PromptLever:
             log(f"round {r}: prompts rolled back; the next APO round searches from those live")
             record["published"] = {}
             return
-        results = read_results(rdir / "results.jsonl")
-        tasks = [json.loads(line) for line in (rdir / "tasks.jsonl").read_text().splitlines()
-                 if line.strip()][:cfg.apo.val_batch_size]  # as the round wrote them
-        ids = {t["task_id"] for t in tasks}
-        mine = [x for x in results if x.get("task_id") in ids]
-        root_scores = Scores(task_scores(mine), role_scores(mine))
-        scoring = Scoring(cfg.team or "", tasks, loop.base_url, loop.registry / ALIASES_FILE,
+        root_scores: Scores | None
+        if cfg.traces is None:  # the team played the round's tasks: they score the root
+            results = read_results(rdir / "results.jsonl")
+            tasks = [json.loads(line) for line in (rdir / "tasks.jsonl").read_text()
+                     .splitlines() if line.strip()][:cfg.apo.val_batch_size]  # as written
+            ids = {t["task_id"] for t in tasks}
+            mine = [x for x in results if x.get("task_id") in ids]
+            root_scores = Scores(task_scores(mine), role_scores(mine))
+            command, played = cfg.team or "", "of the round's tasks"
+        else:  # live: the newest real inputs of the round, played again by the root too
+            tasks, root_scores = self._live_inputs(rdir, sources), None
+            command, played = cfg.replay_team or cfg.eval_team or "", "real inputs replayed"
+            if not tasks:
+                log(f"round {r}: APO has no input of the round's episodes to play "
+                    f"candidates on (replay_field {cfg.replay_field!r})")
+                record["apo"], record["published"] = {}, {}
+                return
+        scoring = Scoring(command, tasks, loop.base_url, loop.registry / ALIASES_FILE,
                           cfg.rollouts, cfg.temperature,
                           {**self.env(), "AGL_BRIDGE_MAX_TOKENS": str(cfg.max_tokens)})
         optimizer = optimizer_for(cfg.apo, loop.base_url)
@@ -246,11 +268,12 @@ class PromptLever:
         pending: dict[str, dict[str, str]] = {}
         record["apo"] = {}
         log(f"round {r}: APO on {', '.join(cfg.agents)} from {len(self._rewards)} rewarded "
-            f"episodes, candidates on {len(tasks)} of the round's tasks ...")
-        with loop.state.timed("apo search"):
+            f"episodes, candidates on {len(tasks)} {played} ...")
+        source = cfg.traces or str(rdir / "spans")
+        with loop.state.timed("apo search"), text_traces(sources) as (readable, _):
             for agent in cfg.agents:
                 try:
-                    pool = transcripts(rdir / "spans", self._rewards,
+                    pool = transcripts(readable, self._rewards,
                                        max_chars=cfg.apo.max_episode_chars,
                                        tokenizer=tokenizer, agent=agent)
                 except (ValueError, FileNotFoundError) as exc:
@@ -261,7 +284,7 @@ class PromptLever:
                     found = search_agent(
                         agent, pool, search=cfg.apo, registry=self.registry,
                         optimizer=optimizer, scoring=scoring, work=rdir / "apo" / agent,
-                        rng=rng, others={**live, **pending}, source=str(rdir / "spans"),
+                        rng=rng, others={**live, **pending}, source=source,
                         log=lambda m: log(f"round {r} apo: {m}"),
                         root_scores=None if pending else root_scores)
                 except JudgeHTTPError as exc:  # the optimizer failed: this agent waits
@@ -297,6 +320,18 @@ class PromptLever:
         loop.data["events"].append({"round": r, "event": "prompt published",
                                     "versions": published, "previous": before,
                                     "reason": record["gate"]["rule"], "time": time.time()})
+
+    def _live_inputs(self, rdir: Path, sources: list[Path]) -> list[dict[str, Any]]:
+        """The newest ``[apo] val_batch_size`` inputs of the live service's episodes this round
+        (not of the loop's own replays), as tasks the replay command plays."""
+        from agl_bridge.trainer.loop.replay import read_replay_spans, replay_inputs
+
+        live = [s for s in sources if rdir.resolve() not in Path(s).resolve().parents]
+        if not live:
+            return []
+        inputs = replay_inputs(read_replay_spans(live, self.cfg.replay_field),
+                               field_name=self.cfg.replay_field)
+        return inputs.tasks[-self.cfg.apo.val_batch_size:]
 
     def _gate(self, r: int, rdir: Path, candidate: Entries, changed: list[str],
               record: dict[str, Any]) -> bool:

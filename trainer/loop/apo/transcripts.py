@@ -37,9 +37,11 @@ class Transcript:
     system: str | None = None  # the agent's first system message, whole
 
 
-def converted_rewards(source: Source, config: Any = None) -> dict[str, float]:
+def converted_rewards(source: Source, config: Any = None, *,
+                      evaluations_from: Source | None = None) -> dict[str, float]:
     """Episode -> mean transition reward, through conversion (``config``: a ``ConvertConfig``,
-    e.g. the loop's, with its recipe; episodes with no reward from any source are left out)."""
+    e.g. the loop's, with its recipe; ``evaluations_from``: where feedback for them may be, a
+    live traces directory; episodes with no reward from any source are left out)."""
     import math
 
     import pyarrow.parquet as pq
@@ -48,7 +50,7 @@ def converted_rewards(source: Source, config: Any = None) -> dict[str, float]:
 
     with tempfile.TemporaryDirectory(prefix="agl-apo-") as tmp:
         out = Path(tmp) / "transitions.parquet"
-        stats = convert(source, out, config)
+        stats = convert(source, out, config, evaluations_from=evaluations_from)
         if not stats.transitions:
             return {}
         table = pq.read_table(out, columns=["episode_id", "reward"])
@@ -68,8 +70,8 @@ def text_traces(source: Source) -> Iterator[tuple[Source, int]]:
     ``with`` block: other instrumentors' calls in our shape (messages, operation, agent; their
     sessions as episodes), and the ``n`` calls that have messages but no ids given a
     placeholder, so conversion rewards their episodes (inline rewards, feedback, evaluation
-    events, recipes and judges' verdicts, as for any episode). Raises ``FileNotFoundError``
-    when ``source`` holds no span Parquet."""
+    events, recipes and judges' verdicts, as for any episode). A source with no span Parquet
+    is given back as it is (its readers name it)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -84,7 +86,8 @@ def text_traces(source: Source) -> Iterator[tuple[Source, int]]:
     from agl_bridge.trainer.conversion.sources import read_spans, span_files
 
     if not span_files(source):
-        raise FileNotFoundError(f"no span Parquet files under {source}")
+        yield source, 0
+        return
     spans = read_spans(source, ConversionStats())
     read = normalize(with_session_episodes(spans, trace_sessions([spans])), ConversionStats())
     chat = pc.fill_null(pc.equal(read["operation_name"], sc.OP_CHAT), False)
