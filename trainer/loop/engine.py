@@ -513,12 +513,19 @@ class Loop:
                                    max_episodes=budget)
 
     def _rewarded_episodes(self, files: list[Path]) -> set[str]:
-        from agl_bridge.trainer.conversion import convert
+        """The rewarded episodes in ``files``, as conversion counts them; under ``apo`` calls
+        without token ids count too (a hosted API's traces: APO reads their text)."""
+        import contextlib
 
-        probe = self.work / "probe" / "transitions.parquet"
-        stats = convert(files, probe, self.cfg.convert, evaluations_from=self.cfg.traces)
         import pyarrow.parquet as pq
 
+        from agl_bridge.trainer.conversion import convert
+        from agl_bridge.trainer.loop.apo.transcripts import text_traces
+
+        probe = self.work / "probe" / "transitions.parquet"
+        with (text_traces([str(f) for f in files]) if self.cfg.algorithm == "apo"
+              else contextlib.nullcontext((files, 0))) as (readable, _):
+            stats = convert(readable, probe, self.cfg.convert, evaluations_from=self.cfg.traces)
         return set(pq.read_table(probe, columns=["episode_id"])["episode_id"].to_pylist()) \
             if stats.transitions else set()
 

@@ -210,13 +210,14 @@ def test_apo_settings(tmp_path):
               "t").check()
 
 
-def test_apo_on_a_live_service(tmp_path):
-    """Live traces (``traces``, no team of the loop's): a service, the same program, answers
-    users with the registry's prompt table. Each round's search reads the users' rewarded
-    episodes since the last round; candidates (and the root) play the round's newest real
+@pytest.mark.parametrize("token_ids", [True, False], ids=["vllm", "hosted-api"])
+def test_apo_on_a_live_service(tmp_path, token_ids):
+    """Live traces (``traces``, no team of the loop's): a service, the same program, answers users
+    with the registry's prompt table, on vLLM or on a hosted API that sends no token ids (the loop
+    counts the users' rewarded episodes from their text). Each round's search reads the users'
+    rewarded episodes since the last round; candidates (and the root) play the round's newest real
     inputs again through the replay command; the winner is gated on the held-out tasks and
-    published; the service's next calls carry it, and the watch judges it by the users'
-    rewards."""
+    published; the service's next calls carry it, and the watch judges it by the users' rewards."""
     from agl_bridge.trainer.loop.engine import LoopCallback
     from agl_bridge.trainer.loop.team import run_team
 
@@ -233,7 +234,7 @@ def test_apo_on_a_live_service(tmp_path):
         def on_round_end(self, loop, directory, record):
             service(record["round"] + 1, [14, 16, 18, 20, 22, 24])
 
-    with ScriptedServer(vllm=True, script=world) as server:
+    with ScriptedServer(vllm=token_ids, script=world) as server:
         service(0, [2, 4, 6, 8, 10, 12])  # its own prompt: wrong on even numbers
         cfg = setup(tmp_path, server, train=[], held_out=[50, 52, 54, 56], team=None,
                     tasks=None, traces=str(prod), settle_s=0.0, min_episodes=6, max_wait_s=5.0,
