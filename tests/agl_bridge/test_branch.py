@@ -12,9 +12,9 @@ from opentelemetry.trace import StatusCode
 
 import agl_bridge
 from agl_bridge import semconv as sc
-from agl_bridge.otel.parquet_exporter import spans_to_table
 from agl_bridge.trainer.conversion import ConvertConfig, convert
 from tests.scripted_server import ScriptedServer
+from tests.span_files import spans_to_table
 
 MESSAGES = [{"role": "user", "content": "What is 7+8?"}]
 REPLIES = ["12", "13", "15", "14"]

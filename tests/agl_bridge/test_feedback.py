@@ -92,7 +92,7 @@ def test_bad_feedback_is_refused_at_the_call(tmp_path):
 
 
 def test_feedback_inside_a_captured_process_targets_its_episode_not_the_current_one(spans):
-    from agl_bridge.otel.parquet_exporter import spans_to_table
+    from tests.span_files import spans_to_table
 
     with agl_bridge.episode("e1", task_id="t"), agl_bridge.agent("a"):
         first = agl_bridge.current_episode_id()
