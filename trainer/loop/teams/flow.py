@@ -248,18 +248,6 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
             "retries": retries, "seconds": round(seconds, 3)}
 
 
-async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=2)
-    sem = asyncio.Semaphore(args.concurrency)
-    try:
-        return await asyncio.gather(*(play(t, r, client, sem, args)
-                                      for t in tasks for r in range(args.rollouts)))
-    finally:
-        await client.close()
-
-
 def summary(results: list[dict]) -> dict[str, Any]:
     """The run's measures: team success, each role's, and the workflow's (the last stdout
     line; ``agl_bridge.trainer.loop.team`` reads it)."""
@@ -311,17 +299,7 @@ def main() -> None:
                          "(0: off)")
     ap.add_argument("--reward", choices=("flow",), default="flow",
                     help="accepted for the demo's team command; this team has one reward")
-    args = ap.parse_args()
-    if not args.base_url or not args.tasks:
-        ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
-    with open(args.tasks) as f:
-        tasks = [json.loads(line) for line in f if line.strip()]
-    results = asyncio.run(run_all(tasks, args))
-    if args.results:
-        with open(args.results, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    print(json.dumps(summary(results)), flush=True)
+    program.run_openai(ap, ap.parse_args(), play, summary)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ def parser(description: str, tasks_help: str) -> argparse.ArgumentParser:
 #: a team's episode: (task, rollout, the agents' model clients, the concurrency limit, args)
 Play = Callable[[dict, int, dict, asyncio.Semaphore, argparse.Namespace],
                 Coroutine[Any, Any, dict]]
+#: the same with one plain ``openai.AsyncOpenAI`` client for all its agents (``run_openai``)
+PlayOpenAI = Callable[[dict, int, Any, asyncio.Semaphore, argparse.Namespace],
+                      Coroutine[Any, Any, dict]]
 
 
 async def run_all(tasks: list[dict], args: argparse.Namespace, play: Play,
@@ -83,18 +86,10 @@ async def run_all(tasks: list[dict], args: argparse.Namespace, play: Play,
 
 def run(ap: argparse.ArgumentParser, args: argparse.Namespace, play: Play,
         agents: Sequence[str], roles: Sequence[str] = ()) -> None:
-    """Play the tasks (:func:`run_all`), write the result lines, print the summary (with each
-    of ``roles``' own success rate)."""
-    if not args.base_url or not args.tasks:
-        ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
-    with open(args.tasks) as f:
-        tasks = [json.loads(line) for line in f if line.strip()]
+    """Play the tasks with AutoGen's clients (:func:`run_all`), write the result lines, print
+    the summary (with each of ``roles``' own success rate)."""
     t0 = time.perf_counter()
-    results = asyncio.run(run_all(tasks, args, play, agents))
-    if args.results:
-        with open(args.results, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
+    results = asyncio.run(run_all(read_tasks(ap, args), args, play, agents))
     n = max(len(results), 1)
     summary: dict[str, Any] = {"episodes": len(results),
                                "success": sum(r["success"] for r in results) / n,
@@ -103,6 +98,42 @@ def run(ap: argparse.ArgumentParser, args: argparse.Namespace, play: Play,
         summary["per_role"] = {a: sum(r["agent_correct"][a] for r in results) / n
                                for a in roles}
     summary["seconds"] = round(time.perf_counter() - t0, 2)
+    write_results(args, results, summary)
+
+
+def run_openai(ap: argparse.ArgumentParser, args: argparse.Namespace, play: PlayOpenAI,
+               summary: Callable[[list[dict]], dict[str, Any]]) -> None:
+    """Play the tasks with one plain ``openai`` client that the team's agents share (``play``
+    gets it in place of the clients by name), write the result lines, print ``summary``."""
+    import openai
+
+    async def run_all_openai(tasks: list[dict]) -> list[dict]:
+        client = openai.AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=2)
+        sem = asyncio.Semaphore(args.concurrency)
+        try:
+            return await asyncio.gather(*(play(t, r, client, sem, args)
+                                          for t in tasks for r in range(args.rollouts)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(run_all_openai(read_tasks(ap, args)))
+    write_results(args, results, summary(results))
+
+
+def read_tasks(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict]:
+    if not args.base_url or not args.tasks:
+        ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
+    with open(args.tasks) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_results(args: argparse.Namespace, results: list[dict], summary: dict[str, Any]
+                  ) -> None:
+    """One JSON line per episode to ``--results``; the summary line last on stdout."""
+    if args.results:
+        with open(args.results, "w") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
     print(json.dumps(summary), flush=True)
 
 

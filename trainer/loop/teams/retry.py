@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from typing import Any
 
 import agl_bridge
@@ -75,18 +74,6 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
     return {**result, "turns": len(said), "first_try": final_number(said[0]) == a + b}
 
 
-async def run_all(tasks: list[dict], args: argparse.Namespace) -> list[dict]:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=2)
-    sem = asyncio.Semaphore(args.concurrency)
-    try:
-        return await asyncio.gather(*(play(t, r, client, sem, args)
-                                      for t in tasks for r in range(args.rollouts)))
-    finally:
-        await client.close()
-
-
 def summary(results: list[dict]) -> dict[str, Any]:
     """Team success (within the turns), replies per episode and right at the first reply."""
     n = max(len(results), 1)
@@ -112,18 +99,9 @@ def main() -> None:
     ap.add_argument("--reward", choices=("retry",), default="retry",
                     help="accepted for the demo's team command; this team has one reward")
     args = ap.parse_args()
-    if not args.base_url or not args.tasks:
-        ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
     if args.turns < 1:
         ap.error(f"--turns must be at least 1, got {args.turns}")
-    with open(args.tasks) as f:
-        tasks = [json.loads(line) for line in f if line.strip()]
-    results = asyncio.run(run_all(tasks, args))
-    if args.results:
-        with open(args.results, "w") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
-    print(json.dumps(summary(results)), flush=True)
+    program.run_openai(ap, args, play, summary)
 
 
 if __name__ == "__main__":
