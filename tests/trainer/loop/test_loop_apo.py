@@ -258,6 +258,24 @@ def test_apo_on_a_live_service(tmp_path, token_ids):
     assert r1["published"] == {}  # POLITE did not beat p1 on round 1's inputs
     assert data["baseline"]["score"] == 0.0 and data["final"]["score"] == 1.0
     assert not any(f"say {n}" in c for c in world.critiques for n in (50, 52, 54, 56))
+    if token_ids:  # conversion groups the users' episodes by prompt version (a key baseline)
+        _groups_by_prompt_version([prod / "run0/spans", prod / "run1/spans"], tmp_path)
+
+
+def _groups_by_prompt_version(spans, tmp_path):
+    import pyarrow.parquet as pq
+
+    from agl_bridge import semconv as sc
+    from agl_bridge.trainer.conversion import ConvertConfig, convert
+
+    out = tmp_path / "by-version.parquet"
+    convert([str(s) for s in spans], out, ConvertConfig(baseline=f"key:{sc.PROMPT_VERSION}"))
+    version = {e: v for s in spans for e, v in episode_prompt_versions(s).items()}
+    groups: dict[str, set[str]] = {}
+    for row in pq.read_table(out, columns=["episode_id", "group_id"]).to_pylist():
+        groups.setdefault(row["group_id"], set()).add(version[row["episode_id"]])
+    assert len(groups) == 2 and all(len(v) == 1 for v in groups.values())
+    assert set().union(*groups.values()) == {"solver@p0", "solver@p1"}
 
 
 def test_apo_and_lora_take_turns(tmp_path):
