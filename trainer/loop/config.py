@@ -48,6 +48,11 @@ class GateConfig:
                    "served: a candidate that wins greedily can lose what users get)")
     rollouts: int = setting(2, help="episodes per gate task and version (a task's score is "
                                     "their mean)")
+    partial: bool = setting(
+        False, help="when the team's score passes but a role's own is worse beyond noise, "
+                    "publish the roles that passed and keep the others' live versions (off: "
+                    "one role's refusal refuses the whole candidate). The combination "
+                    "published was not itself gated: the watch judges it live")
 
     def __post_init__(self) -> None:
         check_choices(self)

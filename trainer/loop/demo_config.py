@@ -77,8 +77,8 @@ class DemoConfig:
 DEMO_SETTINGS: tuple[str, ...] = (
     "workdir", "model", "rounds", "minutes", "tasks_per_round", "rollouts", "temperature",
     "max_tokens", "eval_rollouts", "eval_temperature", "min_episodes", "replay_k",
-    "replay_inputs", "convert", "train", "gate.rule", "gate.tolerance", "gate.rollouts",
-    "gate.temperature", "judge.max_episodes",
+    "replay_inputs", "convert", "train", "gate.rule", "gate.tolerance", "gate.partial",
+    "gate.rollouts", "gate.temperature", "judge.max_episodes",
     "watch.margin", "algorithm", "apo")
 
 # the demo's values for the loop's settings: SmolLM2-135M, LoRA on 2 CPU cores, 30 minutes

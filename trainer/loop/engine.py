@@ -40,7 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 from agl_bridge.settings import values
 from agl_bridge.trainer.loop.config import LoopConfig
-from agl_bridge.trainer.loop.gate import Scores, gate_record, gate_team_and_roles
+from agl_bridge.trainer.loop.gate import (
+    Scores,
+    gate_record,
+    gate_team_and_roles,
+    publishable,
+)
 from agl_bridge.trainer.loop.state import LOOP_LOCK, LoopState, wipe
 from agl_bridge.trainer.loop.team import TeamRun, role_scores, run_team, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
@@ -350,9 +355,9 @@ class Loop:
         if trained is not None:
             self._watch(record, Path(trained["transitions_path"]))
             adapters = self._agent_adapters(trained["adapters"])
-            decision = self._gate(r, rdir, adapters, record)
-            if decision:
-                self._publish(r, adapters, record)
+            chosen = self._gate(r, rdir, adapters, record)
+            if chosen:
+                self._publish(r, {a: adapters[a] for a in chosen}, record)
             self.data.pop("candidates_loaded", None)  # published, or unloaded when refused
         record["seconds"] = time.perf_counter() - t0
         record["live_after"] = dict(self.data["live"])
@@ -659,7 +664,9 @@ class Loop:
         self.state.save()
 
     def _gate(self, r: int, rdir: Path, adapters: dict[str, str], record: dict[str, Any]
-              ) -> bool:
+              ) -> list[str]:
+        """The agents whose candidates go live (empty: refused), each candidate loaded and
+        played beside the live versions on the gate's tasks."""
         from agl_bridge.trainer.serving.publisher import free_name, load_and_probe, served_name
         from agl_bridge.trainer.serving.validation import validate_adapter
 
@@ -680,7 +687,7 @@ class Loop:
         gate_tasks = cfg.gate.tasks or cfg.eval_tasks
         if cfg.gate.rule == "off" or (gate_tasks is None and not cfg.gate.inputs):
             record["gate"] = {"publish": True, "rule": "gate off"}
-            return True
+            return [a for a in adapters if a in candidate]
         if cfg.gate.inputs:
             live, cand = (self._replayed_scores(r, versions, rdir / f"gate-{label}")
                           for label, versions in (("live", dict(self.data["live"])),
@@ -693,18 +700,24 @@ class Loop:
                           for label, versions in (("live", dict(self.data["live"])),
                                                   ("candidate", candidate)))
         changed = [a for a, v in candidate.items() if v != self.data["live"].get(a)]
-        publish, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
-                                                   tolerance=cfg.gate.tolerance)
-        record["gate"] = gate_record(publish, team, roles, temperature=self._gate_temperature,
+        _, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
+                                             tolerance=cfg.gate.tolerance)
+        chosen = publishable(team, roles, changed, partial=cfg.gate.partial)
+        record["gate"] = gate_record(bool(chosen), team, roles, published=chosen,
+                                     temperature=self._gate_temperature,
                                      rollouts=cfg.gate.rollouts)
-        log(f"round {r} gate: {'publish' if publish else 'REFUSED'}: {record['gate']['rule']}"
+        verdict = ("REFUSED" if not chosen else "publish" if len(chosen) == len(changed)
+                   else f"publish {', '.join(chosen)} only")
+        log(f"round {r} gate: {verdict}: {record['gate']['rule']}"
             + "".join(f"; {a}: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
                       for a, d in roles.items()))
-        if not publish:
-            self.data["events"].append({"round": r, "event": "refused", "candidate": candidate,
+        refused = [a for a in changed if a not in chosen]
+        if refused:
+            self.data["events"].append({"round": r, "event": "refused",
+                                        "candidate": {a: candidate[a] for a in refused},
                                         "reason": record["gate"]["rule"]})
-            self._unload([candidate[a] for a in changed])
-        return publish
+            self._unload([candidate[a] for a in refused])
+        return chosen
 
     def _unload(self, names: list[str]) -> None:
         from agl_bridge.trainer.serving.publisher import _post, _root

@@ -12,7 +12,12 @@ approximation, standard error of the mean difference) decide:
 The team's score can hide a role that got worse: near 0 it cannot fall, and one role's gain can
 carry another's loss. So each role whose adapter changed is gated on its own score too, under
 ``not_worse`` whatever the team's rule (a role need not improve, only not regress), and one
-role's refusal refuses the candidate (``gate_team_and_roles``).
+role's refusal refuses the candidate (``gate_team_and_roles``), unless the gate is ``partial``:
+then the roles that passed go live and the refused ones keep their live versions
+(``publishable``). Partial publishing is for teams whose roles learn at different speeds (in
+MassGen's first round one agent's own answers gained 12 points while the other's lost 11, and
+the whole candidate was refused); the combination it publishes was never played as a whole,
+which is why the watch still judges it on live rewards.
 
 Pure: scores in, a decision with its rule and interval out.
 """
@@ -113,14 +118,30 @@ def gate_team_and_roles(live: Scores, candidate: Scores, roles: Iterable[str], *
     return team.publish and all(d.publish for d in per_role.values()), team, per_role
 
 
+def publishable(team: GateDecision, roles: Mapping[str, GateDecision], changed: Iterable[str],
+                *, partial: bool = False) -> list[str]:
+    """The changed roles to publish: all of them when the team and every gated role pass,
+    none when the team fails; when only some roles fail, none, or under ``partial`` the
+    others."""
+    refused = {a for a, d in roles.items() if not d.publish}
+    if not team.publish or (refused and not partial):
+        return []
+    return [a for a in changed if a not in refused]
+
+
 def gate_record(publish: bool, team: GateDecision, roles: Mapping[str, GateDecision], *,
-                temperature: float, rollouts: int) -> dict[str, Any]:
+                temperature: float, rollouts: int, published: Iterable[str] | None = None
+                ) -> dict[str, Any]:
     """``gate_team_and_roles``' outcome as the loop records it in a round: the team's decision,
     the overall one, the reasons of a refusal (the team's rule and each worse role's), the
-    decoding the versions were played with."""
+    decoding the versions were played with; under a partial gate, the roles that went live
+    (``partial``) while others were refused."""
     reasons = ([] if team.publish else [team.rule]) + [
         f"role {a} worse: {d.rule}" for a, d in roles.items() if not d.publish]
-    return {**team.as_dict(), "publish": publish, "team_publish": team.publish,
-            "rule": team.rule if publish else "; ".join(reasons),
-            "temperature": temperature, "rollouts": rollouts,
-            "roles": {a: d.as_dict() for a, d in roles.items()}}
+    record = {**team.as_dict(), "publish": publish, "team_publish": team.publish,
+              "rule": team.rule if publish and not reasons else "; ".join(reasons),
+              "temperature": temperature, "rollouts": rollouts,
+              "roles": {a: d.as_dict() for a, d in roles.items()}}
+    if published is not None and reasons and list(published):
+        record.update(publish=True, partial=sorted(published))
+    return record

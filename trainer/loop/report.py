@@ -187,7 +187,8 @@ def _gate(record: dict) -> str:
         return "–"
     if "low" not in gate:
         return gate.get("rule", "")
-    verdict = "publish" if gate["publish"] else "refused"
+    verdict = ("refused" if not gate["publish"] else
+               f"publish {', '.join(gate['partial'])} only" if gate.get("partial") else "publish")
     return (f"{verdict}: {gate['difference']:+.3f} [{gate['low']:+.3f}, {gate['high']:+.3f}] "
             f"over {gate['n']}")
 

@@ -19,7 +19,14 @@ import pytest
 from agl_bridge.settings import SettingError, build
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop, LoopCallback
-from agl_bridge.trainer.loop.gate import Scores, gate, gate_team_and_roles, paired
+from agl_bridge.trainer.loop.gate import (
+    Scores,
+    gate,
+    gate_record,
+    gate_team_and_roles,
+    paired,
+    publishable,
+)
 from agl_bridge.trainer.loop.team import role_scores, write_tasks
 from agl_bridge.trainer.loop.watch import watch
 from tests.loop_server import server_for
@@ -292,6 +299,58 @@ def test_each_changed_role_is_gated_on_its_own_score(live, candidate, roles, rul
     ok, _, per_role = gate_team_and_roles(live, candidate, roles, rule=rule)
     assert ok is publish
     assert [r for r, d in per_role.items() if not d.publish] == refused_by
+
+
+WORSE = dict.fromkeys("abcdef", 0.0)
+BETTER = dict.fromkeys("abcdef", 1.0)
+
+
+@pytest.mark.parametrize("live, candidate, partial, published", [
+    # one role worse, the team not: refused whole, or under partial the other role goes live
+    (Scores(ZEROS, {"s": BETTER, "c": BETTER}), Scores(ZEROS, {"s": BETTER, "c": WORSE}),
+     False, []),
+    (Scores(ZEROS, {"s": BETTER, "c": BETTER}), Scores(ZEROS, {"s": BETTER, "c": WORSE}),
+     True, ["s"]),
+    # the team worse: nothing, partial or not
+    (Scores(BETTER, {"s": BETTER, "c": BETTER}), Scores(WORSE, {"s": BETTER, "c": WORSE}),
+     True, []),
+    # every role worse: nothing
+    (Scores(ZEROS, {"s": BETTER, "c": BETTER}), Scores(ZEROS, {"s": WORSE, "c": WORSE}),
+     True, []),
+    # nothing worse: both, partial or not
+    (Scores(ZEROS, {"s": WORSE, "c": WORSE}), Scores(ZEROS, {"s": BETTER, "c": WORSE}),
+     False, ["s", "c"]),
+])
+def test_a_partial_gate_publishes_the_roles_that_passed(live, candidate, partial, published):
+    _, team, roles = gate_team_and_roles(live, candidate, ["s", "c"])
+    assert publishable(team, roles, ["s", "c"], partial=partial) == published
+    record = gate_record(bool(published), team, roles, temperature=0.0, rollouts=1,
+                         published=published)
+    assert record["publish"] is bool(published)
+    assert record.get("partial") == (published if published and published != ["s", "c"]
+                                     else None)
+    if published != ["s", "c"]:
+        assert "role c worse" in record["rule"] or "role s worse" in record["rule"] \
+            or not record["team_publish"]
+
+
+def test_a_partial_gate_publishes_the_better_role_and_keeps_the_worse_ones_live_version(
+        tmp_path, tiny):
+    """Two agents; the team's score is always 0, so the team gate passes; the checker's v1
+    answers wrongly. The solver's v1 goes live, the checker keeps the base model, and the
+    checker's refused candidate is unloaded from the server."""
+    with server_for(bad={"checker@v1"}) as server:
+        data = Loop(setup(tmp_path, tiny, server, rounds=1, agents=["solver", "checker"],
+                          team=TEAM + " --checker --team-fails", **{"gate.partial": True})
+                    ).run()
+    (r0,) = data["rounds"]
+    assert r0["gate"]["publish"] is True and r0["gate"]["partial"] == ["solver"]
+    assert "role checker worse" in r0["gate"]["rule"]
+    assert r0["published"] == {"solver": "solver@v1"}
+    assert data["live"] == {"solver": "solver@v1", "checker": "base"}
+    assert "solver@v1" in server.adapters and "checker@v1" not in server.adapters
+    refused = [e for e in data["events"] if e["event"] == "refused"]
+    assert [list(e["candidate"]) for e in refused] == [["checker"]]
 
 
 @pytest.mark.parametrize("lines, expected", [
