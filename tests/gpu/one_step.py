@@ -75,7 +75,7 @@ def step(model_dir: str, bf16: bool | None) -> tuple[dict[str, torch.Tensor], di
                         hidden, window)
     pad_id = model.config.pad_token_id or 0
     batch = collate(data, pad_id, device, packing, model.dtype)
-    logp = PolicyForward(model)(batch)
+    logp, _ = PolicyForward(model)(batch)
     adv = torch.tensor([r["advantage"] for r in data], device=device)
     loss, _ = grpo_clip_loss(logp, logp.detach(), adv, batch["loss_mask"])
     loss.backward()

@@ -132,10 +132,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
                              f"{list(params[n].shape)} in the model")
     saved_critic = {k.removeprefix("critic/"): v for k, v in tensors.items()
                     if k.startswith("critic/")}
-    if (critic is None) != (not saved_critic):
-        raise ValueError(f"{path}: a checkpoint of a run " + (
-            "with a critic (algorithm ppo)" if saved_critic else "without a critic")
-            + " cannot resume one " + ("without" if critic is None else "with"))
+    _check_critic(path, bool(saved_critic), critic is not None)
     critic_params = dict(critic.named_parameters()) if critic is not None else {}
     if sorted(saved_critic) != sorted(critic_params) or any(
             v.shape != critic_params[n].shape for n, v in saved_critic.items()):
@@ -160,13 +157,23 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     return int(state["next_micro_batch"]), int(state["step"]), list(state.get("metrics") or [])
 
 
+def _check_critic(path: Path, saved: bool, wanted: bool) -> None:
+    """A checkpoint with a critic (PPO's value heads) resumes only a run with one."""
+    if saved != wanted:
+        raise ValueError(f"{path}: a checkpoint of a run " + (
+            "with a critic (algorithm ppo)" if saved else "without a critic")
+            + " cannot resume one " + ("with" if wanted else "without"))
+
+
 # ---- sharded (FSDP) checkpoints -------------------------------------------------------------
-# The LoRA weights and optimizer state are DTensors sharded over the ranks. Each rank writes
-# its own shards with torch's distributed checkpoint (DCP) in its safetensors format, whose
-# index lives in the files' JSON headers: DCP's default format keeps a pickled ``.metadata``
-# file, which loading would unpickle. Per rank also the log-probabilities of the transitions it
-# saw and its RNG state; rank 0 writes ``state.json``. The checkpoint directory must be one all
-# ranks see (a shared filesystem across nodes).
+# The LoRA weights, PPO's value heads and the optimizer state are DTensors sharded over the
+# ranks. Each rank writes its own shards with torch's distributed checkpoint (DCP) in its
+# safetensors format, whose index lives in the files' JSON headers: DCP's default format keeps
+# a pickled ``.metadata`` file, which loading would unpickle. Per rank also the log-probabilities
+# of the transitions it saw and its RNG state; rank 0 writes ``state.json`` and, under PPO, the
+# GAE targets in its own file (every rank computed the same ones; every rank reads them back
+# from there). The checkpoint directory must be one all ranks see (a shared filesystem across
+# nodes).
 
 SHARDS_DIR = "shards"
 
@@ -177,8 +184,9 @@ def _rank_file(rank: int) -> str:
 
 def _flat_sharded_state(forward: torch.nn.Module, optimizer: torch.optim.Optimizer
                         ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
-    """LoRA weights and optimizer state, flat (``lora/<fqn>``, ``optimizer/<fqn>/<key>``), as
-    the ranks' local shards (DTensors); and the optimizer's param groups."""
+    """LoRA weights, value heads and optimizer state, flat (``lora/<fqn>``, ``critic/<fqn>``,
+    ``optimizer/<fqn>/<key>``), as the ranks' local shards (DTensors); and the optimizer's
+    param groups."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -194,6 +202,7 @@ def _flat_sharded_state(forward: torch.nn.Module, optimizer: torch.optim.Optimiz
                                                                 options=options))
     flat: dict[str, torch.Tensor] = {f"lora/{k}": v for k, v in model_state.items()
                                      if "lora_" in k}
+    flat.update({f"critic/{k}": v for k, v in model_state.items() if k.startswith("critic.")})
     _flat_optimizer(optim_state["state"], flat)
     return flat, list(optim_state["param_groups"])
 
@@ -210,9 +219,11 @@ def _flat_optimizer(state: dict[Any, dict[str, Any]], flat: dict[str, torch.Tens
 
 def save_sharded_checkpoint(root: Path, next_micro: int, step: int, forward: torch.nn.Module,
                             optimizer: torch.optim.Optimizer, old: dict[int, torch.Tensor],
-                            metrics: list[dict[str, Any]]) -> Path:
+                            metrics: list[dict[str, Any]],
+                            targets: dict[int, torch.Tensor] | None = None) -> Path:
     """Every rank calls this (a collective). Written into ``.tmp-checkpoint-<step>`` and
-    renamed by rank 0 once all ranks have written: a kill leaves the previous checkpoint whole."""
+    renamed by rank 0 once all ranks have written: a kill leaves the previous checkpoint whole.
+    ``targets``: PPO's GAE targets (``save_checkpoint``), the same on every rank."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
@@ -229,6 +240,9 @@ def save_sharded_checkpoint(root: Path, next_micro: int, step: int, forward: tor
     dcp.save(flat, storage_writer=HuggingFaceStorageWriter(str(tmp / SHARDS_DIR),
                                                            save_distributed=True))
     mine = {f"old/{i}": lp.detach().cpu().contiguous().clone() for i, lp in old.items()}
+    if rank == 0:
+        mine.update({f"gae/{i}": t.detach().cpu().contiguous().clone()
+                     for i, t in (targets or {}).items()})
     mine["rng"] = torch.get_rng_state()
     # each rank's own metrics (its micro-batches) in its file's header
     save_file(mine, str(tmp / _rank_file(rank)), metadata={"metrics": json.dumps(metrics)})
@@ -236,7 +250,8 @@ def save_sharded_checkpoint(root: Path, next_micro: int, step: int, forward: tor
     dist.barrier()
     if rank == 0:
         state = {"format": FORMAT, "next_micro_batch": next_micro, "step": step,
-                 "param_groups": groups, "sharded": True, "world": world}
+                 "param_groups": groups, "sharded": True, "world": world,
+                 "critic": any(k.startswith("critic/") for k in flat)}
         (tmp / STATE_FILE).write_text(json.dumps(state))
         _fsync_dir_files(tmp, [tmp / STATE_FILE, tmp / _rank_file(0)])
         shutil.rmtree(out, ignore_errors=True)
@@ -256,11 +271,12 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
 
 
 def load_sharded_checkpoint(path: Path, forward: torch.nn.Module,
-                            optimizer: torch.optim.Optimizer, old: dict[int, torch.Tensor]
+                            optimizer: torch.optim.Optimizer, old: dict[int, torch.Tensor],
+                            targets: dict[int, torch.Tensor] | None = None
                             ) -> tuple[int, int, list[dict[str, Any]]]:
     """Every rank calls this. The shards are read with DCP (which would also reshard them to
     another world size); the data plan is split by rank, so a run resumes on the world size it
-    was saved with, or is refused."""
+    was saved with, or is refused. PPO's GAE targets go into ``targets``."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from safetensors import SafetensorError, safe_open
@@ -285,11 +301,12 @@ def load_sharded_checkpoint(path: Path, forward: torch.nn.Module,
     # checkpoint only for those trained before it: the others must start with none, as they
     # would have in a run never stopped
     flat, _ = _flat_sharded_state(forward, optimizer)
+    _check_critic(path, bool(state.get("critic")), any(k.startswith("critic/") for k in flat))
     shards = str(path / SHARDS_DIR)
     try:
         saved = set(HuggingFaceStorageReader(shards).read_metadata().state_dict_metadata)
-        odd = sorted(saved - set(flat)) + sorted(k for k in flat
-                                                 if k.startswith("lora/") and k not in saved)
+        odd = sorted(saved - set(flat)) + sorted(k for k in flat if k.startswith(
+            ("lora/", "critic/")) and k not in saved)
         if odd:
             raise ValueError(f"checkpoint does not fit this model/adapters ({odd[0]} is in "
                              "one and not the other)")
@@ -298,11 +315,15 @@ def load_sharded_checkpoint(path: Path, forward: torch.nn.Module,
         with safe_open(str(path / _rank_file(rank)), framework="pt") as f:
             mine = {k: f.get_tensor(k) for k in f.keys()}
             metrics = json.loads((f.metadata() or {}).get("metrics", "[]"))
+        if targets is not None:
+            with safe_open(str(path / _rank_file(0)), framework="pt") as f:
+                targets.update({int(k.removeprefix("gae/")): f.get_tensor(k) for k in f.keys()
+                                if k.startswith("gae/")})
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as exc:
         raise ValueError(f"{path}: unreadable or mismatched checkpoint shards ({exc})") from None
     options = StateDictOptions(ignore_frozen_params=True, strict=False)
-    set_model_state_dict(forward, {k.removeprefix("lora/"): v for k, v in flat.items()
-                                   if k.startswith("lora/")}, options=options)
+    set_model_state_dict(forward, {k.split("/", 1)[1]: v for k, v in flat.items()
+                                   if k.startswith(("lora/", "critic/"))}, options=options)
     optim: dict[str, Any] = {"state": {}, "param_groups": state["param_groups"]}
     for k, v in flat.items():
         if k.startswith("optimizer/"):

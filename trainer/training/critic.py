@@ -47,16 +47,22 @@ class ValueHeads(torch.nn.Module):
             self.heads[peft_name(name)] = head
 
     def forward(self, name: str, hidden: torch.Tensor) -> torch.Tensor:
-        return self.heads[peft_name(name)](hidden.float()).squeeze(-1)
+        # a copy, not a view ([B, C]: small): under FSDP the heads are a unit, whose output
+        # FSDP2 hooks for backward (an in-place op on a view of it would drop the hook)
+        return self.heads[peft_name(name)](hidden.float()).squeeze(-1).clone()
 
-    def save(self, name: str, directory: str | os.PathLike[str]) -> Path:
-        """The head of ``name`` into ``directory`` (an adapter version's)."""
+    def save(self, name: str, directory: str | os.PathLike[str],
+             state: dict[str, torch.Tensor] | None = None) -> Path:
+        """The head of ``name`` into ``directory`` (an adapter version's). ``state``: the
+        heads' whole weights, keyed as this module's ``state_dict``, where it holds FSDP
+        shards (``sharding.full_state``)."""
         from safetensors.torch import save_file
 
-        head = self.heads[peft_name(name)]
+        prefix = f"heads.{peft_name(name)}."
+        weights = ({k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+                   if state is not None else self.heads[peft_name(name)].state_dict())
         out = Path(directory) / VALUE_HEAD_FILE
-        save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()},
-                  str(out))
+        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(out))
         return out
 
     def load(self, name: str, directory: str | os.PathLike[str]) -> bool:

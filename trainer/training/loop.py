@@ -72,8 +72,6 @@ from agl_bridge.trainer.training.losses import (
     importance_weights,
 )
 from agl_bridge.trainer.training.model import (
-    completion_hidden,
-    completion_logprobs,
     load_policy,
     packing_support,
     peft_name,
@@ -82,7 +80,7 @@ from agl_bridge.trainer.training.model import (
 from agl_bridge.trainer.training.sft import select_for_sft, sft_loss
 from agl_bridge.trainer.training.sharding import (
     PolicyForward,
-    full_lora_state,
+    full_state,
     load_sharded,
     local_value,
 )
@@ -249,20 +247,18 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         rows = [r for r in rows if r["group_id"] not in flat]
     world, rank = world_and_rank()  # the process group first: FSDP shards over it
     sharded = cfg.parallelism == "fsdp" and world > 1
-    if ppo and sharded:
-        raise ValueError("algorithm ppo does not train under FSDP yet (the value heads are not "
-                         "sharded): use parallelism='data'")
     mixed = sharded and torch.cuda.is_available() and cfg.bf16 in (None, True)
-    if sharded:
-        model, forward, device = load_sharded(base_model, cfg, names, init_adapters, mixed)
+    if sharded:  # ppo: the value heads sharded too (sharding.py says why)
+        model, forward, device = load_sharded(base_model, cfg, names, init_adapters, mixed,
+                                              critic=ppo)
     else:
         model, device = load_policy(base_model, cfg, names, init_adapters)
-        forward = PolicyForward(model)
+        forward = PolicyForward(model, load_value_heads(
+            names, model.config.hidden_size, init_adapters, device) if ppo else None)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     mask_dtype = torch.bfloat16 if mixed else model.dtype
     params = trainable(model)  # under FSDP: the ranks' shards (DTensors)
-    heads = (load_value_heads(names, model.config.hidden_size, init_adapters, device) if ppo
-             else None)
+    heads = forward.critic
     head_params = list(heads.parameters()) if heads is not None else []
     groups: list[dict[str, Any]] = [{"params": params}]
     if head_params:
@@ -319,13 +315,14 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     if resume:
         path = resolve_checkpoint(resume, checkpoint_dir)
         if sharded:
-            start, step, metrics = load_sharded_checkpoint(path, forward, optimizer, old)
+            start, step, metrics = load_sharded_checkpoint(path, forward, optimizer, old,
+                                                           targets if ppo else None)
         else:
             start, step, metrics = load_checkpoint(path, model, optimizer, old, heads,
                                                    targets if ppo else None)
         bar.update(start)
     if heads is not None and not targets:  # from the weights before any update
-        targets = _ppo_targets(model, heads, rows, cfg, gamma, pad_id, device, mask_dtype)
+        targets = _ppo_targets(forward, rows, cfg, gamma, pad_id, device, mask_dtype)
     # later epochs may put a transition on another rank than its first visit: every rank
     # gets each step's first-visit log-probabilities
     share_old = world > 1 and cfg.num_train_epochs > 1 and objective == "grpo"
@@ -346,13 +343,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
                             [len(r["completion_ids"]) for r in part], hidden_size,
                             max_row) if pack else None
         batch = collate(part, pad_id, device, packing, mask_dtype)
-        values = None
-        if heads is not None:  # one decoder pass for the policy and its value head
-            hidden = completion_hidden(model, batch)
-            logp = completion_logprobs(model, batch, hidden)
-            values = heads(name, hidden)
-        else:
-            logp = forward(batch)
+        # ppo: one decoder pass for the policy and its value head
+        logp, values = forward(batch, name if heads is not None else None)
         adv = torch.tensor([rows[i]["advantage"] for i in idx], device=device)
         gae = None
         if values is not None:  # [B, 3, C]: old values, advantages, returns
@@ -391,8 +383,8 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
             grad_norm = float(local_value(torch.nn.utils.clip_grad_norm_(params,
                                                                          cfg.max_grad_norm)))
             if head_params:  # apart: a large value error must not shrink the policy's step
-                value_grad_norm = float(torch.nn.utils.clip_grad_norm_(head_params,
-                                                                       cfg.max_grad_norm))
+                value_grad_norm = float(local_value(torch.nn.utils.clip_grad_norm_(
+                    head_params, cfg.max_grad_norm)))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -431,19 +423,20 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
         bar.set_postfix(loss=f"{m['loss']:.4f}", adapter=name)
         if checkpoint_due and sharded:  # right after an optimizer step; every rank writes
             save_sharded_checkpoint(Path(checkpoint_dir), micro + 1, step, forward, optimizer,
-                                    old, metrics)
+                                    old, metrics, targets if ppo else None)
         elif checkpoint_due and rank == 0:
             save_checkpoint(Path(checkpoint_dir), micro + 1, step, model, optimizer, old,
                             metrics, heads, targets if ppo else None)
     bar.close()
     kept = model if keep_model else None
     kept_critic = heads if keep_model else None
-    gathered = full_lora_state(forward) if sharded else None  # a collective: all ranks gather
+    # a collective: all ranks gather
+    gathered, gathered_critic = full_state(forward) if sharded else (None, None)
     if rank != 0:  # every rank holds the same weights; one writes them
         return TrainResult({}, step, metrics, metrics_file, kept, kept_critic)
     adapters = {name: _save(model, name, base_model, adapters_root, cfg, init_adapters,
                             sum(r["adapter"] == name for r in rows), step, metrics, data,
-                            objective, gathered, heads, algorithm, gamma)
+                            objective, gathered, heads, algorithm, gamma, gathered_critic)
                 for name in names}
     return TrainResult(adapters, step, metrics, metrics_file, kept, kept_critic)
 
@@ -462,7 +455,7 @@ def _grpo_loss(forward: PolicyForward, batch: dict[str, torch.Tensor], logp: tor
     ref = None
     if cfg.beta != 0.0:
         with torch.no_grad(), forward.model.disable_adapter():
-            ref = forward(batch)
+            ref, _ = forward(batch)
     weights = None
     if cfg.vllm_importance_sampling_correction and batch["has_behaviour"].any():
         w = importance_weights(old_logp, batch["behaviour"], cfg.vllm_importance_sampling_cap)
@@ -473,24 +466,26 @@ def _grpo_loss(forward: PolicyForward, batch: dict[str, torch.Tensor], logp: tor
                           weights=weights)
 
 
-def _ppo_targets(model, heads: ValueHeads, rows: list[dict[str, Any]], cfg: GRPOConfig,
+def _ppo_targets(forward: PolicyForward, rows: list[dict[str, Any]], cfg: GRPOConfig,
                  gamma: float, pad_id: int, device: torch.device, mask_dtype: torch.dtype
                  ) -> dict[int, torch.Tensor]:
     """GAE targets of every transition from one no-grad pass of the critic before the update
-    (``critic.gae_targets``), in eval mode (no dropout: the same values on every rank)."""
+    (``critic.gae_targets``), in eval mode (no dropout: the same values on every rank). Every
+    rank computes them all (under FSDP each pass is a collective), so advantages are whitened
+    over the same tokens as in one process."""
     def values_of(name: str, idx: list[int]) -> list[torch.Tensor]:
-        model.set_adapter(peft_name(name))
+        forward.model.set_adapter(peft_name(name))
         batch = collate([rows[i] for i in idx], pad_id, device, None, mask_dtype)
         with torch.no_grad():
-            v = heads(name, completion_hidden(model, batch))
+            _, v = forward(batch, name)
         return [v[j, :len(rows[i]["completion_ids"])] for j, i in enumerate(idx)]
 
-    model.eval()
+    forward.eval()
     try:
         return gae_targets(rows, values_of, cfg.per_device_train_batch_size, gamma=gamma,
                            lam=cfg.lam)
     finally:
-        model.train()
+        forward.train()
 
 
 def _data_range(source, table: pa.Table) -> dict[str, Any]:
@@ -510,10 +505,12 @@ def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_ada
           n_transitions: int, steps: int, metrics: list[dict[str, Any]],
           data: dict[str, Any] | None = None, objective: Objective = "grpo",
           state_dict: dict[str, torch.Tensor] | None = None, heads: ValueHeads | None = None,
-          algorithm: Algorithm | None = None, gamma: float = 1.0) -> Path:
+          algorithm: Algorithm | None = None, gamma: float = 1.0,
+          critic_state: dict[str, torch.Tensor] | None = None) -> Path:
     """One adapter -> a new version directory (written to a temporary name, then renamed).
     ``state_dict``: the weights gathered from the FSDP shards (the model holds only its own).
-    ``heads``: PPO's critic, whose head for this adapter is saved beside it."""
+    ``heads``: PPO's critic, whose head for this adapter is saved beside it (``critic_state``:
+    its weights gathered from the FSDP shards)."""
     version, out_dir = next_version_dir(adapters_root, name)
     tmp = out_dir.with_name(f".tmp-{uuid.uuid4().hex}-{out_dir.name}")
     extra = {} if state_dict is None else {"state_dict": state_dict}
@@ -521,7 +518,7 @@ def _save(model, name: str, base_model, adapters_root, cfg: GRPOConfig, init_ada
     inner = tmp / peft_name(name)  # PEFT saves a non-default adapter in a subfolder
     saved = inner if (inner / "adapter_config.json").exists() else tmp
     if heads is not None:
-        heads.save(name, saved)
+        heads.save(name, saved, critic_state)
     mine = [m for m in metrics if m["adapter"] == name]
     meta = {
         "agl_bridge_version": __version__, "adapter_name": name, "version": version,

@@ -1,11 +1,20 @@
 """FSDP2 (``parallelism="fsdp"``) on CPU with gloo: two processes train what one does, a sharded
-checkpoint resumes the same trajectory, and the adapters come out in PEFT format.
+checkpoint resumes the same trajectory, and the adapters come out in PEFT format; with
+``algorithm="ppo"`` too, critic included.
 
 One process with gradient accumulation 2 and two processes with accumulation 1 take the same
 micro-batches into each optimizer step (the plan is the same: units of world x accumulation),
-so their per-micro-batch losses must agree to float rounding: the reduce-scatter sums in
-another order than local accumulation. Tolerance: 1e-5 absolute on losses (observed: 2e-7),
-1e-5 on the final LoRA weights."""
+so their per-micro-batch losses must agree to float rounding. Every process runs one intra-op
+thread (torchrun gives each rank one; the launcher gives the single process one too), so the
+kernels sum in the same order; the reduce-scatter adds the two ranks' gradients and halves
+them, which is what local accumulation of two halved micro-batch gradients does. GRPO's
+tolerance: 1e-5 absolute on losses and final LoRA weights (observed: 2e-7 when the single
+process ran two threads). PPO's: 1e-6 on every per-micro-batch metric (losses, values,
+returns, advantages) and on the final LoRA weights and value heads; observed: bit-identical.
+Why the single thread matters: Adam's first step moves a weight by ``lr * g / (|g| + eps)``,
+so a gradient that differs in its last bits (another summation order) can move a weight by up
+to ``lr * diff / eps``; with two threads in the single process the critic's values differed
+by 1e-4 after a few steps, from float rounding alone."""
 
 import json
 import os
@@ -25,21 +34,24 @@ SCRIPT = TESTS / "distributed_fsdp.py"
 
 def _launch(tiny, out: Path, mode: str, procs: int, accumulation: int,
             policy: str = "per_agent_lora", backend: str = "gloo",
-            bf16: str = "auto") -> subprocess.CompletedProcess:
+            bf16: str = "auto", algorithm: str | None = None) -> subprocess.CompletedProcess:
     """``backend``: ``gloo`` hides any GPU (``CUDA_VISIBLE_DEVICES=""``: these tests stay CPU
     tests on a GPU machine, where the trainer would pick nccl and one GPU per rank); ``nccl``
-    leaves the GPUs visible and runs under torchrun even as one process (tests/gpu)."""
+    leaves the GPUs visible and runs under torchrun even as one process (tests/gpu). Every
+    process runs one intra-op thread (the module's docstring says why)."""
     cmd = [sys.executable, str(SCRIPT), str(tiny), str(out), mode, str(accumulation), policy,
-           bf16]
+           bf16, *([algorithm] if algorithm else [])]
     if procs > 1 or backend == "nccl":
         cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
-    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}))
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               **({"CUDA_VISIBLE_DEVICES": ""} if backend == "gloo" else {}))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
 
 
 def _run(tiny, out: Path, mode: str, procs: int, accumulation: int,
-         policy: str = "per_agent_lora", backend: str = "gloo", bf16: str = "auto") -> list[dict]:
-    done = _launch(tiny, out, mode, procs, accumulation, policy, backend, bf16)
+         policy: str = "per_agent_lora", backend: str = "gloo", bf16: str = "auto",
+         algorithm: str | None = None) -> list[dict]:
+    done = _launch(tiny, out, mode, procs, accumulation, policy, backend, bf16, algorithm)
     # a rank's own error, before torchrun's summary; with what it printed before (a native
     # abort prints no traceback of its own)
     first = max(done.stderr.find("Traceback"), 0)
@@ -49,9 +61,9 @@ def _run(tiny, out: Path, mode: str, procs: int, accumulation: int,
     return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(procs)]
 
 
-def _interleave(ranks: list[dict]) -> list[float]:
+def _interleave(ranks: list[dict], key: str = "losses") -> list[float]:
     """Rank r's micro-batch k is the k * world + r-th of the one-process plan."""
-    return [loss for group in zip(*(r["losses"] for r in ranks)) for loss in group]
+    return [value for group in zip(*(r[key] for r in ranks)) for value in group]
 
 
 def _lora(adapters_dir: Path, name: str, version: str) -> dict[str, torch.Tensor]:
@@ -119,20 +131,89 @@ def test_two_fsdp_processes_train_what_one_does_and_a_sharded_checkpoint_resumes
     assert not (tmp_path / "plain").exists()
 
 
-def test_per_agent_models_sharded_one_after_the_other(tiny, tmp_path):
-    """per_agent_model: a separate model per agent, each sharded in turn; 2 processes again
-    train what 1 does."""
-    one = _run(tiny, tmp_path / "one", "run", 1, 2, "per_agent_model")
-    two = _run(tiny, tmp_path / "two", "run", 2, 1, "per_agent_model")
+PPO_METRICS = ("losses", "policy_loss", "value_loss", "value_mean", "return_mean",
+               "advantage_mean")
+
+
+def _weights(adapters_dir: Path, name: str, version: str) -> dict[str, torch.Tensor]:
+    """An adapter version's LoRA weights and its value head, in one dict."""
+    from agl_bridge.trainer.training.critic import VALUE_HEAD_FILE
+
+    head = load_file(str(adapters_dir / name / version / VALUE_HEAD_FILE))
+    return _lora(adapters_dir, name, version) | {f"head.{k}": v for k, v in head.items()}
+
+
+def test_ppo_under_fsdp_trains_what_one_process_does_and_resumes_critic_included(tiny,
+                                                                                tmp_path):
+    """``algorithm="ppo"``, per-agent LoRA, two-turn episodes: the value heads are sharded
+    with the policy. Two processes compute the same GAE targets (returns, whitened advantages)
+    and train the same policies and critics as one; a sharded checkpoint holds the heads, their
+    optimizer state and the targets, and a resumed run equals one never stopped."""
+    one = _run(tiny, tmp_path / "one", "run", 1, 2, algorithm="ppo")
+    two = _run(tiny, tmp_path / "two", "run", 2, 1, algorithm="ppo")
+    assert one[0]["steps"] == two[0]["steps"] == two[1]["steps"] == 8  # 2 x 16 / 2 / 2
+    assert two[0]["adapter_per_micro"] == two[1]["adapter_per_micro"]
+    for key in PPO_METRICS:
+        assert _interleave(two, key) == pytest.approx(one[0][key], abs=1e-6), key
+    values = one[0]["value_mean"]
+    assert values[:4] == [0.0] * 4 and max(abs(v) for v in values) > 0.1  # the critic learned
+    assert any(abs(a) > 0.1 for a in one[0]["advantage_mean"])  # per-token credit, not all 0
+    for name in ("a", "b"):
+        a = _weights(tmp_path / "one" / "adapters", name, "v0001")
+        b = _weights(tmp_path / "two" / "adapters", name, "v0001")
+        assert a.keys() == b.keys() and {"head.weight", "head.bias"} <= set(b)
+        assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), name
+        assert b["head.weight"].abs().sum() > 0 and b["head.weight"].shape == (1, 64)
+
+    # stopped after 2 steps, checkpointing each: the critic is in the shards, the GAE targets
+    # in rank 0's file; resumed, the same trajectory, policies and critics
+    resumed_dir = tmp_path / "resumed"
+    stopped = _run(tiny, resumed_dir, "stop", 2, 1, algorithm="ppo")
+    assert stopped[0]["steps"] == 2
+    ckpt = resumed_dir / "checkpoints" / "checkpoint-2"
+    files = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
+    assert all(f.endswith((".safetensors", ".json")) for f in files), files  # nothing pickled
+    sharded = set()
+    for f in ckpt.glob("shards/*.safetensors"):
+        sharded |= set(load_file(str(f)))
+    assert {"critic/critic.heads.agl_a.weight", "critic/critic.heads.agl_b.bias"} <= sharded
+    assert any(k.startswith("optimizer/critic.heads.") for k in sharded)  # trained before
+    targets = [k for k in load_file(str(ckpt / "rank-00000.safetensors")) if k.startswith("gae/")]
+    assert len(targets) == 16  # every transition's, from before the first update
+    resumed = _run(tiny, resumed_dir, "resume", 2, 1, algorithm="ppo")
+    for r in range(2):
+        for key in PPO_METRICS:
+            assert resumed[r][key] == pytest.approx(two[r][key], abs=1e-6), (r, key)
+    for name in ("a", "b"):
+        a = _weights(tmp_path / "two" / "adapters", name, "v0001")
+        b = _weights(resumed_dir / "adapters", name, "v0002")  # v0001: the stopped run's
+        assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), name
+
+    # a run without a critic does not resume it: refused before training
+    refused = _launch(tiny, resumed_dir, "resume", 2, 1)
+    assert refused.returncode != 0
+    assert "with a critic (algorithm ppo) cannot resume one without" in refused.stderr
+
+
+@pytest.mark.parametrize("algorithm", [None, "ppo"])
+def test_per_agent_models_sharded_one_after_the_other(tiny, tmp_path, algorithm):
+    """per_agent_model: a separate model per agent, each sharded in turn (under ppo with its
+    own critic); 2 processes again train what 1 does."""
+    one = _run(tiny, tmp_path / "one", "run", 1, 2, "per_agent_model", algorithm=algorithm)
+    two = _run(tiny, tmp_path / "two", "run", 2, 1, "per_agent_model", algorithm=algorithm)
     assert one[0]["steps"] == two[0]["steps"] == 8  # 4 per agent's model
-    for agent in ("a", "b"):  # each model's micro-batches, in order
-        mine = [loss for loss, a in zip(one[0]["losses"], one[0]["adapter_per_micro"])
-                if a == agent]
-        theirs = _interleave([{"losses": [loss for loss, a in zip(r["losses"],
-                                                                  r["adapter_per_micro"])
-                                          if a == agent]} for r in two])
-        assert theirs == pytest.approx(mine, abs=1e-5)
+    for key in PPO_METRICS if algorithm else ("losses",):
+        for agent in ("a", "b"):  # each model's micro-batches, in order
+            mine = [v for v, a in zip(one[0][key], one[0]["adapter_per_micro"]) if a == agent]
+            theirs = _interleave([{key: [v for v, a in zip(r[key], r["adapter_per_micro"])
+                                         if a == agent]} for r in two], key)
+            assert theirs == pytest.approx(mine, abs=1e-6 if algorithm else 1e-5), (key, agent)
     assert sorted(two[0]["adapters"]) == ["a", "b"]
+    for agent in ("a", "b") if algorithm else ():
+        a = _weights(tmp_path / "one" / "adapters", agent, "v0001")
+        b = _weights(tmp_path / "two" / "adapters", agent, "v0001")
+        assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), agent
+        assert b["head.weight"].abs().sum() > 0, agent
 
 
 def test_a_rank_that_finished_its_work_exits_cleanly(tmp_path):
