@@ -487,18 +487,19 @@ def main() -> None:
           + ", ".join(f"{k} {v}" for k, v in spec["shape"].items()))
     print("\nruns (load average: 1-minute, sampled every 5 s while the run's process lived):")
     for r in records:
-        what = (f"{r.get('steps')} optimizer steps" if r["arm"] == "trl" else
-                f"{len(r.get('rounds', []))} rounds")
+        what = (f"{r.get('steps')} optimizer steps, {len(r.get('points', [])) - 1} adapters "
+                f"saved" if r["arm"] == "trl" else f"{len(r.get('rounds', []))} rounds, "
+                f"{len(r.get('points', [])) - 1} publishes and rollbacks")
         load = r.get("load") or {}
         print(f"  repeat {r['repeat']} {r['arm']:<4}: " + (
             f"FAILED {r['error'][:200]}" if "error" in r else
-            f"{what}, {len(r['points']) - 1} adapter(s), process {r['wall_s'] / 60:.1f} min, "
+            f"{what}, process {r['wall_s'] / 60:.1f} min, "
             f"CPU {r['cpu_s'] / 60:.1f} min, load {load.get('mean', 0):.1f} "
             f"[{load.get('min', 0):.1f}..{load.get('max', 0):.1f}]"))
     if not all(runs.values()):
         raise SystemExit("an arm has no finished run; see the logs above")
-    print("\nheld-out success against minutes (pooled over runs, 95% Wilson; (lowest..highest "
-          "run)):")
+    print("\nheld-out success against minutes: the runs' answers pooled, 95% Wilson interval "
+          "(it counts tasks, not runs), (the lowest..highest run):")
     print(table(result))
     print("\n" + "\n".join(reach_lines(result)))
     picture = Path(args.plot) if args.plot else work / "learning_vs_trl.png"
