@@ -90,7 +90,15 @@ def _plan(*steps):
     (_plan(("n1", "n2 * 2", "calculator", ["n2"])), "depends on an unknown step"),
     (_plan(("n1", "fig", "lookup", ()), ("n2", "n1 * 2", "calculator", ())),
      "uses a result it does not wait for"),
-    (_plan(("n1", "the answer", "lookup", ())), "a task that names neither an item nor arithm"),
+    (_plan(("n1", "fig", "lookup", ()), ("n2", "n1 * 2", "calculator", ["n1", "n1x"])),
+     "depends on an unknown step"),
+    (_plan(("n1", "fig", "lookup", ()), ("n2", "kiwi", "lookup", ()),
+           ("n3", "n1 * 9", "calculator", ["n1", "n2"])), "waits for a result it does not use"),
+    (_plan(("n1", "the answer", "lookup", ())), "a task no one tool can do"),
+    (_plan(("n1", "peach", "lookup", ()), ("n2", "pear", "lookup", ()),
+           ("n3", "peach + pear", "calculator", ["n1", "n2"])), "waits for a result it does"),
+    (_plan(("n1", "peach + pear", "calculator", ())), "a task no one tool can do"),
+    (_plan(("n1", "2 limes", "lookup", ())), "a task no one tool can do"),
     (_plan(("n1", "n2 + 1", "calculator", ["n2"]), ("n2", "n1 + 1", "calculator", ["n1"])),
      "a dependency cycle"),
     (_plan(("n1", "fig", "lookup", ()), ("n2", "kiwi", "lookup", ())), "several final steps"),
@@ -99,7 +107,7 @@ def test_plans_that_cannot_run_are_refused_with_the_first_problem(text, problem)
     plan = flow_plans.check(text)
     assert not plan.valid and plan.problem.startswith(problem)
     stage = next((i for i, c in enumerate(flow_plans.CHECKS) if plan.problem == c), 0)
-    assert plan.progress == stage / 7 and flow_plans.check(gold_plan(
+    assert plan.progress == stage / len(flow_plans.CHECKS) and flow_plans.check(gold_plan(
         {"kind": "price", "items": ["fig"]})).progress == 1.0
 
 
@@ -110,6 +118,12 @@ def test_requirements_steps_and_tool_calls():
     assert flow_plans.requirement("7") == "calculator"
     assert flow_plans.requirement("(3 + 4) * 2") == "calculator"
     assert flow_plans.requirement("total") is None
+    assert flow_plans.requirement("n1 + n2") == "calculator"
+    for neither in ("peach + pear", "2 limes", "fig * 2", "n1 * fig"):
+        assert flow_plans.requirement(neither) is None, neither
+    assert flow_plans.expected("figs") == 7 and flow_plans.expected("What does a fig cost?") == 7
+    assert flow_plans.expected("(7 + 2) * 3") == 27 and flow_plans.expected("7 / 2") is None
+    assert flow_plans.expected("peach + pear") is None
     assert flow.fill("n1 * 4 + n12", {"n1": 7, "n12": 2}) == "7 * 4 + 2"
     assert flow.tool_call('{"tool": "lookup", "input": "fig"}') == ("lookup", "fig")
     assert flow.tool_call("calculator: 7 * 4") == ("calculator", "7 * 4")
@@ -117,7 +131,7 @@ def test_requirements_steps_and_tool_calls():
 
 
 # -- the team as a program, on a scripted server ----------------------------------------------
-def _script(bad_planner=False):
+def _script(bad_planner=False, lazy_executor=False):
     def answer(body):
         system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
         if system.startswith("You plan"):
@@ -125,6 +139,8 @@ def _script(bad_planner=False):
                 return _plan(("n1", "fig", "lookup", ()), ("n2", "kiwi", "calculator", ())), []
             return gold_plan(QUESTIONS[user]), []
         step = user.splitlines()[0].removeprefix("Step: ")
+        if lazy_executor:  # the worked example's call, whatever the step: runs, does no step
+            return json.dumps({"tool": "lookup", "input": "fig"}), []  # but fig's
         item = re.search("|".join(flow_world.PRICES), step)
         if item and "failed" not in user and step.startswith("What"):  # the whole question:
             return json.dumps({"tool": "calculator", "input": step[:20]}), []  # a wrong try
@@ -279,3 +295,25 @@ def test_branch_has_the_planner_write_k_workflows_and_the_best_checked_one_runs(
         {"kind": "price", "items": ["fig"]})})()})()
     bad = type("Choice", (), {"message": type("M", (), {"content": "[]"})()})()
     assert (score(good), score(bad)) == (0.5, 0.0)
+
+
+def test_a_call_that_runs_but_does_another_step_fails_validation(tmp_path):
+    """An executor that copies its worked example (``lookup fig``) whatever the step: the tool
+    runs, but the validator compares the result with what the step comes to, so only the fig's
+    own price passes; the others are retried, told why, and the executor scores 0 there."""
+    with ScriptedServer(vllm=True, script=_script(lazy_executor=True),
+                        completion_ids=[5, 6]) as server:
+        run = run_team(TEAM, _tasks(), tmp_path / "run", base_url=server.base_url,
+                       aliases=None, timeout_s=300)
+    by_task = {r["task_id"]: r for r in run.results}
+    assert by_task["p"]["success"] and by_task["p"]["agent_score"]["executor"] == 1.0
+    assert by_task["p"]["retries"] == 0
+    for t in ("c", "q"):
+        r = by_task[t]
+        assert r["plan_valid"] and not r["success"]
+        assert r["retries"] == {"c": 2, "q": 3}[t]  # every step but q's fig lookup, once each
+    assert by_task["c"]["agent_score"]["executor"] == 0.0
+    assert by_task["q"]["steps_right"] == 0  # lime and plum looked up as fig; 2 calls for n3
+    assert any("lookup 'fig' does not do this step" in b["messages"][-1]["content"]
+               for b in server.requests)
+    assert run.summary["steps_right"] < run.summary["tool_accuracy"]

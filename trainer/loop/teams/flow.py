@@ -22,8 +22,10 @@ One episode:
    assignment and the tool the step needs (``flow_plans.requirement``); the **executor**
    (alias ``executor``) sees the step's task with earlier results filled in and the planner's
    suggestion, and answers ``{"tool", "input"}``; the tool runs (``agl_bridge.tool`` spans);
-   the **validator** passes a step whose tool call returned a number, else the executor tries
-   again (``--max-retries``), told why it failed;
+   the **validator** passes a step whose result is what its task comes to
+   (``flow_plans.expected``: the named item's price, the arithmetic's value), else the executor
+   tries again (``--max-retries``), told why it failed: a call that runs but does something
+   else (the lookup of another item) fails the step;
 4. the team succeeds when the final step's result is the answer.
 
 Rewards emitted inline: the team's ``correct`` (1 or 0); the planner's ``plan``, ``--plan-credit``
@@ -32,9 +34,9 @@ places, so a group of them still says which came closer); the Flow integration's
 success - 0.2 per retry, to the executor; completion, to the team). The rest comes from the
 recipe at conversion (``RECIPE``: the terms above). Each result line has each role's own
 score for the gate and the report: the planner's (``0.5 x valid + 0.5 x share of steps
-assigned to a tool that can do them``), the executor's (share of its calls that used the right
-tool and worked), and the workflow's measures (valid plan, steps, depth, tool accuracy,
-retries, seconds).
+assigned to a tool that can do them``), the executor's (share of its calls whose result was
+the step's), and the workflow's measures (valid plan, steps, depth, tool accuracy, steps done
+right, retries, seconds).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from agl_bridge.trainer.loop.teams.flow_plans import (
     PLAN_REGEX,
     Plan,
     check,
+    expected,
     fallback,
     plan_json,
     requirement,
@@ -166,7 +169,7 @@ async def run_step(wf: Workflow, step_id: str, after: tuple[str, ...], task: str
                    turn: list[int], replies: list[str]) -> int | None:
     """Schedule, execute (with retries) and validate one step; returns its result."""
     text = fill(task, results)
-    need = requirement(text)
+    need, want = requirement(text), expected(text)
     with wf.task(step_id, depends_on=after) as run:
         run.schedule(EXECUTOR, planner=PLANNER if planned else None,
                      assignee=suggested or None, requires=need)
@@ -186,8 +189,10 @@ async def run_step(wf: Workflow, step_id: str, after: tuple[str, ...], task: str
                         value, error = TOOL_FUNCTIONS[tool](arg), None
                     except (ValueError, KeyError, ArithmeticError) as exc:
                         error = str(exc)
+                    if error is None and value != want:
+                        error = f"{tool} {arg!r} does not do this step"
                     calls.append((tool == need, error is None))
-            if run.validate(value is not None):
+            if run.validate(error is None):
                 break
     return value
 
@@ -218,7 +223,7 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
                     depth=plan.depth if plan.valid else None)
             running: Plan = plan if plan.valid else fallback(q)
             results: dict[str, int | None] = {}
-            calls: list[tuple[bool, bool]] = []  # (right tool, worked) per executor call
+            calls: list[tuple[bool, bool]] = []  # (right tool, did the step) per executor call
             turn: list[int] = [0]  # the executor's next turn
             said: list[str] = []  # its replies
             for step in running.steps:
@@ -245,6 +250,7 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
             "steps": len(plan.steps) if plan.valid else None,
             "depth": plan.depth if plan.valid else None,
             "tool_calls": len(calls), "right_tool": sum(r for r, _ in calls),
+            "steps_right": sum(w for _, w in calls),
             "retries": retries, "seconds": round(seconds, 3)}
 
 
@@ -261,6 +267,8 @@ def summary(results: list[dict]) -> dict[str, Any]:
             "steps": sum(r["steps"] for r in valid) / len(valid) if valid else None,
             "depth": sum(r["depth"] for r in valid) / len(valid) if valid else None,
             "tool_accuracy": sum(r["right_tool"] for r in results) / calls if calls else None,
+            "steps_right": sum(r.get("steps_right", 0) for r in results) / calls if calls
+            else None,
             "retries": sum(r["retries"] for r in results) / n,
             "seconds": sum(r["seconds"] for r in results) / n}
 
@@ -275,6 +283,8 @@ def measures(results: list[dict]) -> dict[str, dict[str, float]]:
         "valid plans": wilson(len(valid), len(results)),
         "tool accuracy": wilson(sum(r["right_tool"] for r in results),
                                 sum(r["tool_calls"] for r in results)),
+        "calls that did their step": wilson(sum(r.get("steps_right", 0) for r in results),
+                                            sum(r["tool_calls"] for r in results)),
         "steps per valid plan": mean_ci([float(r["steps"]) for r in valid]),
         "depth per valid plan": mean_ci([float(r["depth"]) for r in valid]),
         "retries per task": mean_ci([float(r["retries"]) for r in results]),

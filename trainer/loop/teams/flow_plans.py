@@ -10,7 +10,10 @@ found:
 * ``not JSON`` (a reply cut short) / ``no steps`` / ``duplicate id``;
 * ``depends on an unknown step`` / ``a dependency cycle`` (a step after itself included);
 * ``uses a result it does not wait for``: its task names ``nK`` that is not in its ``after``;
-* ``a task that names neither an item nor arithmetic``: no tool could do it;
+* ``waits for a result it does not use``: an edge that carries nothing (``n3: n1 * 9`` after
+  ``n1`` and ``n2``), which would hide an unused lookup from the next check;
+* ``a task no one tool can do``: one item alone (a lookup) or arithmetic on numbers and results
+  (the calculator); ``peach + pear`` or ``2 limes`` is neither;
 * ``several final steps``: a result nobody uses (the workflow's answer is its one final step).
 
 The shape of a valid plan: steps, dependency edges, depth (steps on the longest chain).
@@ -23,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agl_bridge.trainer.loop.teams.flow_world import PRICES, TOOLS
+from agl_bridge.trainer.loop.teams.flow_world import PRICES, TOOLS, evaluate, plural, price
 
 MAX_STEPS = 4
 _ID = r'"n[1-4]"'
@@ -37,10 +40,12 @@ CALL_REGEX = r'\{"tool": ' + _TOOL + r', "input": "[a-z0-9 +*()-]{1,20}"\}'
 # the checks, in order; reading problems (not JSON, not a list, a step without its fields)
 # count as failing the first
 CHECKS = ("no steps", "duplicate id", "depends on an unknown step",
-          "uses a result it does not wait for", "a task that names neither an item nor "
-          "arithmetic", "a dependency cycle", "several final steps")
+          "uses a result it does not wait for", "waits for a result it does not use",
+          "a task no one tool can do", "a dependency cycle", "several final steps")
 _REF = re.compile(r"\bn(\d+)\b")
 _ARITHMETIC = re.compile(r"\d\s*[-+*]\s*[\d(]|\)\s*[-+*]|^\s*\d+\s*$")
+_ITEM_WORDS = {**{w: w for w in PRICES}, **{plural(w): w for w in PRICES},
+               **{w + "s": w for w in PRICES}}
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,35 @@ class Plan:
         return self.steps[-1]
 
 
+def items_named(text: str) -> list[str]:
+    """The price-list items a task names, in the singular, in order."""
+    return [_ITEM_WORDS[w] for w in re.findall(r"[a-z]+", text.lower()) if w in _ITEM_WORDS]
+
+
 def requirement(text: str) -> str | None:
-    """The tool a task needs, as the orchestrator judges it: ``lookup`` for an item's name,
-    ``calculator`` for arithmetic (step results count as numbers), else None."""
-    words = set(re.findall(r"[a-z]+", text.lower()))
-    if words & {*PRICES, *(w + "s" for w in PRICES)}:
-        return "lookup"
-    if _ARITHMETIC.search(_REF.sub("1", text)):
-        return "calculator"
+    """The tool a task needs, as the orchestrator judges it: ``lookup`` for one item named
+    without numbers, ``calculator`` for arithmetic on numbers (step results count as numbers)
+    with no item, else None: no one tool can do it."""
+    numbers = _REF.sub("1", text)
+    items = items_named(text)
+    if items:
+        return "lookup" if len(items) == 1 and not re.search(r"[\d+*]", numbers) else None
+    return "calculator" if _ARITHMETIC.search(numbers) else None
+
+
+def expected(text: str) -> int | None:
+    """What a step's task (earlier results filled in) should come to: the named item's price,
+    or the arithmetic's value; None when no one tool can do it. The validator compares the
+    executor's result with it, so a call that runs but does something else (the right tool on
+    another item) fails the step."""
+    need = requirement(text)
+    try:
+        if need == "lookup":
+            return price(items_named(text)[0])
+        if need == "calculator":
+            return evaluate(text)
+    except (ValueError, KeyError, ArithmeticError):
+        return None
     return None
 
 
@@ -123,10 +149,13 @@ def check(text: str) -> Plan:
     for s in parsed:
         if any(a not in known for a in s.after):
             return Plan(tuple(parsed), "depends on an unknown step")
-        if any(f"n{k}" not in s.after for k in _REF.findall(s.task)):
+        refs = {f"n{k}" for k in _REF.findall(s.task)}
+        if refs - set(s.after):
             return Plan(tuple(parsed), "uses a result it does not wait for")
+        if set(s.after) - refs:
+            return Plan(tuple(parsed), "waits for a result it does not use")
         if requirement(s.task) is None:
-            return Plan(tuple(parsed), "a task that names neither an item nor arithmetic")
+            return Plan(tuple(parsed), "a task no one tool can do")
     order = _topological(parsed)
     if order is None:
         return Plan(tuple(parsed), "a dependency cycle")

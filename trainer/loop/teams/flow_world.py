@@ -37,9 +37,9 @@ _OPS: dict[type, Callable[[int, int], int]] = {ast.Add: operator.add, ast.Sub: o
                                                ast.Mult: operator.mul}
 
 
-@agl_bridge.tool(name="calculator")
-def calculator(expression: str) -> int:
-    """Integer arithmetic: + - * and brackets; anything else is refused."""
+def evaluate(expression: str) -> int:
+    """Integer arithmetic: + - * and brackets; anything else is refused (the calculator's work,
+    without its tool span: the validator recomputes a step with it)."""
     def value(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return node.value
@@ -59,14 +59,25 @@ def calculator(expression: str) -> int:
     return result
 
 
-@agl_bridge.tool(name="lookup")
-def lookup(item: str) -> int:
-    """The price of one item on the list."""
+def price(item: str) -> int:
+    """The price of one item on the list (the lookup's work, without its tool span)."""
     key = item.strip().lower().removeprefix("a ").removeprefix("an ").strip()
     key = key[:-1] if key not in PRICES and key.endswith("s") else key
     if key not in PRICES:
         raise KeyError(f"no price for {item!r}")
     return PRICES[key]
+
+
+@agl_bridge.tool(name="calculator")
+def calculator(expression: str) -> int:
+    """Integer arithmetic: + - * and brackets; anything else is refused."""
+    return evaluate(expression)
+
+
+@agl_bridge.tool(name="lookup")
+def lookup(item: str) -> int:
+    """The price of one item on the list."""
+    return price(item)
 
 
 TOOL_FUNCTIONS: dict[str, Callable[[str], int]] = {"calculator": calculator, "lookup": lookup}
