@@ -51,7 +51,12 @@ from agl_bridge import semconv as sc
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.demo_config import DemoConfig
 from agl_bridge.trainer.loop.engine import Loop, LoopCallback, log, start_vllm
-from agl_bridge.trainer.loop.report import episode_stats, wilson, write_report
+from agl_bridge.trainer.loop.report import (
+    episode_stats,
+    prompt_version_lines,
+    wilson,
+    write_report,
+)
 from agl_bridge.trainer.loop.state import STATE_FILE
 from agl_bridge.trainer.loop.team import write_tasks
 from agl_bridge.trainer.loop.tracking import TrackingCallback
@@ -463,6 +468,7 @@ def summary(data: dict, base: dict, final: dict) -> str:
             versions = ", ".join(sorted(set(v["live"].values())))
             lines.append(f"  {versions}: {ok['rate']:.1%} [{ok['low']:.1%}, {ok['high']:.1%}] "
                          f"of {v['requests']} requests")
+    lines += prompt_version_lines(data)
     secs = data["seconds"]
     lines.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items())
                  + f"; total {sum(secs.values()) / 60:.1f} min")

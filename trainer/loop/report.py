@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agl_bridge.trainer.loop.apo.versions import key_versions, matches
 from agl_bridge.trainer.loop.gate import Z95
 from agl_bridge.trainer.training.report import (
     figure,
@@ -46,6 +47,54 @@ def mean_ci(values: list[float], z: float = Z95) -> dict[str, float]:
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
     half = z * sd / math.sqrt(n)
     return {"mean": m, "low": m - half, "high": m + half, "n": n}
+
+
+def reward_interval(values: list[float]) -> dict[str, float]:
+    """Mean reward and its 95% interval: Wilson's when every reward is 0 or 1 (a success rate,
+    whose normal interval collapses to a point at 0% and 100%), else :func:`mean_ci`."""
+    if values and all(v in (0, 1) for v in values):
+        w = wilson(int(sum(values)), len(values))
+        return {"mean": w["rate"], "low": w["low"], "high": w["high"], "n": w["n"]}
+    return mean_ci(values)
+
+
+def prompt_versions(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each prompt-version state that served rewarded episodes (the watch's
+    ``data["prompt_rewards"]``, in the order first seen), with its episodes, mean reward and
+    where it stands: ``live``, ``rolled back`` (a version of it was rolled back), ``replaced``
+    (a later publish took its place), or ``mixed`` (episodes that spanned a publish, two
+    versions of one agent). Live is the state after the loop's last prompt publish or
+    rollback; with none, the states served are the ones live all along."""
+    events = [e for e in data.get("events", [])
+              if e["event"] in ("prompt published", "prompt rolled back")]
+    live: dict[str, str] | None = None
+    if events:
+        last = events[-1]
+        live = ({**last["previous"], **last["versions"]} if last["event"] == "prompt published"
+                else dict(last["to"]))
+    rolled_back = {v: e["round"] for e in events if e["event"] == "prompt rolled back"
+                   for v in e["from"].values()}
+    rows = []
+    for key, rewards in data.get("prompt_rewards", {}).items():
+        carried = key_versions(key)
+        back = sorted({rolled_back[v] for v in carried.values() if v in rolled_back})
+        status = ("mixed" if len(carried) < len(key.split(",")) else
+                  "live" if live is None or matches(carried, live) else
+                  f"rolled back (round {back[0]})" if back else "replaced")
+        rows.append({"versions": key, "episodes": len(rewards),
+                     "reward": reward_interval(rewards), "status": status})
+    return rows
+
+
+def prompt_version_lines(data: dict[str, Any]) -> list[str]:
+    """The terminal summary's lines for :func:`prompt_versions` (none when no prompt table
+    served the episodes)."""
+    rows = prompt_versions(data)
+    if not rows:
+        return []
+    return ["episodes by the prompt versions that served them (mean reward, 95% interval):"] + [
+        f"  {r['versions']}: {r['episodes']} episodes, {_mean(r['reward'])}; {r['status']}"
+        for r in rows]
 
 
 def episode_stats(path: str | Path) -> dict[str, Any]:
@@ -260,6 +309,15 @@ def write_report(work: Path, data: dict) -> Path:
                             [[e["round"], e["event"],
                               json.dumps(e.get("candidate") or e.get("from")), e["reason"]]
                              for e in events])]
+        if data.get("prompt_rewards"):
+            body += ["<h2>Prompt versions: how their episodes did</h2>",
+                     "<p class='note'>Rewarded episodes by the prompt versions their calls "
+                     "carried, as the prompt watch keeps them (each state's most recent); the "
+                     "95% interval is Wilson's when every reward is 0 or 1.</p>",
+                     _table(["prompt versions", "episodes", "mean reward (95% interval)",
+                             "now"],
+                            [[r["versions"], r["episodes"], _mean(r["reward"]), r["status"]]
+                             for r in prompt_versions(data)])]
         curves = training_curves(work, data)
         if curves:
             body.append("<h2>Training curves (one point per micro-batch, all rounds)</h2>")

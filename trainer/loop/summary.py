@@ -1,11 +1,14 @@
 """The loop's summary on the terminal and in ``summary.txt``: held-out before and after, each
-round's outcome (published, refused by the gate, rolled back) and where the time went."""
+round's outcome (published, refused by the gate, rolled back), how the episodes each prompt
+version served did, and where the time went."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 from typing import Any
+
+from agl_bridge.trainer.loop.report import prompt_version_lines
 
 
 def _score(evaluation: dict[str, Any] | None) -> str:
@@ -38,6 +41,7 @@ def summary_text(data: dict[str, Any]) -> str:
         if r.get("prompt_rolled_back"):
             line += f"; prompts rolled back: {r['prompt_watch']['reason']}"
         lines.append(line)
+    lines += prompt_version_lines(data)
     secs = data["seconds"]
     lines.append("time: " + ", ".join(f"{k} {v:.0f} s" for k, v in secs.items())
                  + f"; total {sum(secs.values()) / 60:.1f} min")

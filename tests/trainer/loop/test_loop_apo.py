@@ -118,6 +118,9 @@ def test_a_candidate_is_published_and_the_team_follows_it(tmp_path):
     text = summary_text(data)  # the loop's summary.txt
     assert "round 0: APO, 1 prompt candidate(s); published solver@p1" in text
     assert "round 1: APO, 1 prompt candidate(s); no candidate beat the live prompts" in text
+    # the episodes each prompt version served: the watch's record, in the summary
+    assert "  solver@p0: 8 episodes, 0.000 [0.000, 0.324]; replaced" in text.splitlines()
+    assert "  solver@p1: 8 episodes, 1.000 [0.676, 1.000]; live" in text.splitlines()
 
 
 @pytest.mark.parametrize("vllm", [True, False], ids=["vllm", "hosted-api-no-token-ids"])

@@ -52,7 +52,11 @@ from agl_bridge.trainer.loop.apo.transcripts import (
     text_traces,
     transcripts,
 )
-from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
+from agl_bridge.trainer.loop.apo.versions import (
+    episode_prompt_versions,
+    key_versions,
+    matches,
+)
 from agl_bridge.trainer.loop.gate import Scores, gate_record, gate_team_and_roles
 from agl_bridge.trainer.loop.state import LoopState
 from agl_bridge.trainer.loop.team import read_results, role_scores, task_scores
@@ -81,16 +85,6 @@ class LoopView(Protocol):
     def _scores(self, label: str, aliases: dict[str, str], out: Path, tasks_file: str, *,
                 temperature: float, rollouts: int, prompts: Entries | None = None
                 ) -> Scores: ...
-
-
-def _versions(key: str) -> dict[str, str]:
-    """``checker@p0,solver@p2`` -> ``{"checker": "checker@p0", "solver": "solver@p2"}``."""
-    return {v.rsplit("@p", 1)[0]: v for v in key.split(",") if "@p" in v}
-
-
-def matches(carried: Mapping[str, str], state: Mapping[str, str]) -> bool:
-    """An episode whose calls carried ``carried`` (agent -> version) was served by ``state``."""
-    return bool(carried) and all(state.get(a, v) == v for a, v in carried.items())
 
 
 class PromptLever:
@@ -181,7 +175,7 @@ class PromptLever:
         published = [e for e in data["events"] if e["event"] == "prompt published"]
 
         def rewards_of(state: Mapping[str, str]) -> list[float]:
-            return [x for key, xs in kept_all.items() if matches(_versions(key), state)
+            return [x for key, xs in kept_all.items() if matches(key_versions(key), state)
                     for x in xs]
 
         recent = [e["previous"] for e in published[-cfg.watch.window:]]

@@ -11,6 +11,7 @@ as ``engine.version_key`` joins adapter versions. Episodes none of whose calls c
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -38,3 +39,13 @@ def episode_prompt_versions(source: Source) -> dict[str, str]:
             if isinstance(version, str):
                 versions.setdefault(episode or f"trace:{trace}", set()).add(version)
     return {e: ",".join(sorted(v)) for e, v in versions.items()}
+
+
+def key_versions(key: str) -> dict[str, str]:
+    """``checker@p0,solver@p2`` -> ``{"checker": "checker@p0", "solver": "solver@p2"}``."""
+    return {v.rsplit("@p", 1)[0]: v for v in key.split(",") if "@p" in v}
+
+
+def matches(carried: Mapping[str, str], state: Mapping[str, str]) -> bool:
+    """An episode whose calls carried ``carried`` (agent -> version) was served by ``state``."""
+    return bool(carried) and all(state.get(a, v) == v for a, v in carried.items())
