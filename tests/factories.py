@@ -1,6 +1,8 @@
 """Rows and tables for tests: span rows (one LLM call, one reward, a table of them) and
 transition tables for the trainer."""
 
+import json
+
 import pyarrow as pa
 
 from agl_bridge.schema import SPAN_SCHEMA, TRANSITION_SCHEMA
@@ -23,6 +25,23 @@ def reward(episode, t, value, *, scope="episode", trace="T", agent=None, turn=No
     return {"trace_id": trace, "span_id": f"s{next(_N)}", "name": "agl_bridge.reward",
             "episode_id": episode, "start_time_unix_nano": t, "reward_value": value,
             "reward_scope": scope, "agent_name": agent, "turn_index": turn}
+
+
+def openinference_call(trace, t, session, question, answer):
+    """An LLM call as OpenInference records it: messages in its own keys, the agent and the
+    session as attributes, no episode, agent column or token ids."""
+    attributes = {"openinference.span.kind": "LLM", "llm.model_name": "hosted",
+                  "agent.name": "solver", "session.id": session,
+                  "llm.input_messages.0.message.role": "system",
+                  "llm.input_messages.0.message.content": "You are a helpful assistant.",
+                  "llm.input_messages.1.message.role": "user",
+                  "llm.input_messages.1.message.content": question,
+                  "llm.output_messages.0.message.role": "assistant",
+                  "llm.output_messages.0.message.content": answer}
+    row = llm(None, t, task=None, agent=None, prompt=None, completion=None, trace=trace,
+              turn=None)
+    row.update(operation_name=None, attributes=json.dumps(attributes))
+    return row
 
 
 def table(rows):

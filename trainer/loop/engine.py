@@ -54,6 +54,7 @@ from agl_bridge.trainer.serving.registry import ALIASES_FILE
 from agl_bridge.trainer.training.config import NothingToTrain
 
 if TYPE_CHECKING:
+    from agl_bridge.trainer.conversion.sources import Source
     from agl_bridge.trainer.loop.apo.rounds import PromptLever
 
 BASE = "base"  # the base model's served name, which every alias points at first
@@ -323,9 +324,30 @@ class Loop:
         if reloaded:
             log(f"round {r}: the server had lost {', '.join(reloaded)}: loaded again")
             record["reloaded"] = reloaded
-        sources = self._collect(r, rdir, record)
-        if sources is None:
-            return False
+        try:
+            sources = self._collect(r, rdir, record)
+            if sources is None:
+                return False
+            self._change(r, rdir, record, sources)
+        finally:
+            if self.prompts is not None:  # the round's span files read as text, once
+                self.prompts.text.close()
+        record["seconds"] = time.perf_counter() - t0
+        record["live_after"] = dict(self.data["live"])
+        for callback in self.callbacks:
+            callback.on_round_end(self, rdir, record)
+        self.data["rounds"].append(record)
+        self.data["consumed"] += record.get("consumed", [])
+        self.data["next_task"] = record.get("next_task", self.data["next_task"])
+        self.state.save()
+        log(f"round {r}: {record.get('transitions', 0)} transitions; live now "
+            f"{self.data['live']}; round took {record['seconds']:.0f} s, "
+            f"{self.state.elapsed / 60:.1f} min spent")
+        return True
+
+    def _change(self, r: int, rdir: Path, record: dict[str, Any], sources: list[Path]) -> None:
+        """The round's watches, then at most one change: the prompts (an APO round) or the
+        adapters (train, gate, publish); none while a version published last is not judged."""
         if self.prompts is not None:  # algorithm apo, apo+lora: the prompt versions' watch
             self.prompts.watch(r, rdir, record, sources)
         if self._unjudged() is not None:
@@ -359,18 +381,6 @@ class Loop:
             if chosen:
                 self._publish(r, {a: adapters[a] for a in chosen}, record)
             self.data.pop("candidates_loaded", None)  # published, or unloaded when refused
-        record["seconds"] = time.perf_counter() - t0
-        record["live_after"] = dict(self.data["live"])
-        for callback in self.callbacks:
-            callback.on_round_end(self, rdir, record)
-        self.data["rounds"].append(record)
-        self.data["consumed"] += record.get("consumed", [])
-        self.data["next_task"] = record.get("next_task", self.data["next_task"])
-        self.state.save()
-        log(f"round {r}: {record.get('transitions', 0)} transitions; live now "
-            f"{self.data['live']}; round took {record['seconds']:.0f} s, "
-            f"{self.state.elapsed / 60:.1f} min spent")
-        return True
 
     def _collect(self, r: int, rdir: Path, record: dict[str, Any]) -> list[Path] | None:
         cfg = self.cfg
@@ -520,17 +530,15 @@ class Loop:
     def _rewarded_episodes(self, files: list[Path]) -> set[str]:
         """The rewarded episodes in ``files``, as conversion counts them; under ``apo`` calls
         without token ids count too (a hosted API's traces: APO reads their text)."""
-        import contextlib
-
         import pyarrow.parquet as pq
 
         from agl_bridge.trainer.conversion import convert
-        from agl_bridge.trainer.loop.apo.transcripts import text_traces
 
         probe = self.work / "probe" / "transitions.parquet"
-        with (text_traces([str(f) for f in files]) if self.cfg.algorithm == "apo"
-              else contextlib.nullcontext((files, 0))) as (readable, _):
-            stats = convert(readable, probe, self.cfg.convert, evaluations_from=self.cfg.traces)
+        readable: Source = files
+        if self.prompts is not None and self.cfg.algorithm == "apo":  # kept while unchanged
+            readable, _ = self.prompts.text.of([str(f) for f in files])
+        stats = convert(readable, probe, self.cfg.convert, evaluations_from=self.cfg.traces)
         return set(pq.read_table(probe, columns=["episode_id"])["episode_id"].to_pylist()) \
             if stats.transitions else set()
 

@@ -30,7 +30,7 @@ from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
 from agl_bridge.trainer.loop.gate import Scores
 from agl_bridge.trainer.loop.team import run_team
 from agl_bridge.trainer.serving.prompts import PromptRegistry
-from tests.factories import llm, reward, table
+from tests.factories import openinference_call, reward, table
 from tests.paths import AGENTS
 from tests.scripted_server import ScriptedServer
 
@@ -277,23 +277,6 @@ def test_traces_from_a_hosted_api_without_token_ids(tmp_path):
     assert not list(traces.rglob("*placeholder*"))  # the stored traces are left as they were
     assert all(r["prompt_token_ids"] is None for r in pq.read_table(traces).to_pylist()
                if r["operation_name"] == "chat")
-
-
-def openinference_call(trace, t, session, question, answer):
-    """An LLM call as OpenInference records it: messages in its own keys, the agent and the
-    session as attributes, no episode, agent column or token ids."""
-    attributes = {"openinference.span.kind": "LLM", "llm.model_name": "hosted",
-                  "agent.name": "solver", "session.id": session,
-                  "llm.input_messages.0.message.role": "system",
-                  "llm.input_messages.0.message.content": "You are a helpful assistant.",
-                  "llm.input_messages.1.message.role": "user",
-                  "llm.input_messages.1.message.content": question,
-                  "llm.output_messages.0.message.role": "assistant",
-                  "llm.output_messages.0.message.content": answer}
-    row = llm(None, t, task=None, agent=None, prompt=None, completion=None, trace=trace,
-              turn=None)
-    row.update(operation_name=None, attributes=json.dumps(attributes))
-    return row
 
 
 def test_agl_bridge_apo_on_another_instrumentors_traces(tmp_path, capsys):

@@ -84,7 +84,18 @@ def round_versions(tmp_path, r: int) -> set[str]:
     return set(episode_prompt_versions(tmp_path / f"loop/round{r:02d}/spans").values())
 
 
-def test_a_candidate_is_published_and_the_team_follows_it(tmp_path):
+def read_as_text(monkeypatch) -> list:
+    """The span file sets the loop reads as text (``text_traces``), one entry per reading."""
+    from agl_bridge.trainer.loop.apo import transcripts
+
+    made: list = []
+    real = transcripts.text_traces
+    monkeypatch.setattr(transcripts, "text_traces", lambda s: made.append(s) or real(s))
+    return made
+
+
+def test_a_candidate_is_published_and_the_team_follows_it(tmp_path, monkeypatch):
+    made = read_as_text(monkeypatch)
     world = World([DIGITS, BRIEF])
     with ScriptedServer(vllm=True, script=world) as server:  # no LoRA endpoints: none needed
         data = Loop(setup(tmp_path, server, train=[2, 4, 6, 8, 10, 12, 14, 16],
@@ -121,6 +132,8 @@ def test_a_candidate_is_published_and_the_team_follows_it(tmp_path):
     # the episodes each prompt version served: the watch's record, in the summary
     assert "  solver@p0: 8 episodes, 0.000 [0.000, 0.324]; replaced" in text.splitlines()
     assert "  solver@p1: 8 episodes, 1.000 [0.676, 1.000]; live" in text.splitlines()
+    # each round read its spans once: the watch and the search shared one reading
+    assert made == [[tmp_path / f"loop/round{r:02d}/spans"] for r in (0, 1)]
 
 
 @pytest.mark.parametrize("vllm", [True, False], ids=["vllm", "hosted-api-no-token-ids"])
@@ -214,7 +227,7 @@ def test_apo_settings(tmp_path):
 
 
 @pytest.mark.parametrize("token_ids", [True, False], ids=["vllm", "hosted-api"])
-def test_apo_on_a_live_service(tmp_path, token_ids):
+def test_apo_on_a_live_service(tmp_path, token_ids, monkeypatch):
     """Live traces (``traces``, no team of the loop's): a service, the same program, answers users
     with the registry's prompt table, on vLLM or on a hosted API that sends no token ids (the loop
     counts the users' rewarded episodes from their text). Each round's search reads the users'
@@ -224,6 +237,7 @@ def test_apo_on_a_live_service(tmp_path, token_ids):
     from agl_bridge.trainer.loop.engine import LoopCallback
     from agl_bridge.trainer.loop.team import run_team
 
+    made = read_as_text(monkeypatch)
     world = World([DIGITS, POLITE])
     prod = tmp_path / "prod"
 
@@ -261,6 +275,9 @@ def test_apo_on_a_live_service(tmp_path, token_ids):
     assert r1["published"] == {}  # POLITE did not beat p1 on round 1's inputs
     assert data["baseline"]["score"] == 0.0 and data["final"]["score"] == 1.0
     assert not any(f"say {n}" in c for c in world.critiques for n in (50, 52, 54, 56))
+    # each round read the users' new span files once: the wait for rewarded episodes, the
+    # watch and the search shared one reading
+    assert [sorted(map(str, s)) for s in made] == [sorted(r["consumed"]) for r in (r0, r1)]
     if token_ids:  # conversion groups the users' episodes by prompt version (a key baseline)
         _groups_by_prompt_version([prod / "run0/spans", prod / "run1/spans"], tmp_path)
 

@@ -47,9 +47,9 @@ from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_na
 from agl_bridge.trainer.judging.client import JudgeHTTPError
 from agl_bridge.trainer.loop.apo.run import Scoring, live_entries, optimizer_for, search_agent
 from agl_bridge.trainer.loop.apo.transcripts import (
+    TextCopy,
     converted_rewards,
     result_rewards,
-    text_traces,
     transcripts,
 )
 from agl_bridge.trainer.loop.apo.versions import (
@@ -99,6 +99,8 @@ class PromptLever:
         self.registry = PromptRegistry(loop.registry)
         loop.data.setdefault("prompt_rewards", {})  # prompt versions' key -> episode rewards
         self._rewards: dict[str, float] = {}  # this round's, per episode
+        # the round's span files as text, read once for the wait, the watch and the search
+        self.text = TextCopy()
         if self.cfg.traces is not None:  # a live service reads the table: an empty one at first
             self.env()
 
@@ -157,9 +159,8 @@ class PromptLever:
         record["lever"] = "apo" if self.turn(r) else "lora"
         self._rewards = {}
         if any(True for _ in iter_parquet_files(sources)):
-            with text_traces(sources) as (readable, _):  # no token ids needed
-                self._rewards = converted_rewards(readable, cfg.convert,
-                                                  evaluations_from=cfg.traces)
+            readable, _ = self.text.of(sources)  # no token ids needed
+            self._rewards = converted_rewards(readable, cfg.convert, evaluations_from=cfg.traces)
         if not self._rewards and (rdir / "results.jsonl").exists():  # the team's own scores
             self._rewards = result_rewards(read_results(rdir / "results.jsonl"))
         kept_all = data["prompt_rewards"]
@@ -264,7 +265,8 @@ class PromptLever:
         log(f"round {r}: APO on {', '.join(cfg.agents)} from {len(self._rewards)} rewarded "
             f"episodes, candidates on {len(tasks)} {played} ...")
         source = cfg.traces or str(rdir / "spans")
-        with loop.state.timed("apo search"), text_traces(sources) as (readable, _):
+        with loop.state.timed("apo search"):
+            readable, _ = self.text.of(sources)  # the watch's copy, unless it read none
             for agent in cfg.agents:
                 try:
                     pool = transcripts(readable, self._rewards,

@@ -110,6 +110,58 @@ def text_traces(source: Source) -> Iterator[tuple[Source, int]]:
         yield tmp, n
 
 
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+def _fingerprint(source: Source) -> Fingerprint | None:
+    """Each file under ``source`` with its size and modification time (None: one cannot be
+    read, so nothing may be taken as unchanged)."""
+    from agl_bridge.parquet_io import iter_parquet_files
+
+    try:
+        return tuple((str(p), st.st_size, st.st_mtime_ns)
+                     for p in iter_parquet_files(source) for st in (p.stat(),))
+    except OSError:
+        return None
+
+
+class TextCopy:
+    """One :func:`text_traces` of a round's span files, shared by its readers: the loop's
+    count of rewarded episodes while it waits for them, the prompt watch and the search all
+    read the same files, and each ``text_traces`` reads them all, puts other instrumentors'
+    spans in our shape and may write a copy. :meth:`of` gives the copy it holds while no file
+    under the source was added, removed or changed (path, size, modification time), else
+    makes a new one and removes the old; :meth:`close` removes it (the end of the round).
+
+    Keyed by the whole set of files, never file by file: putting one file in our shape needs
+    the others (a session's traces, a trace's spans, a span's parents may be in several)."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._key: Fingerprint | None = None
+        self._held: tuple[Source, int] = ("", 0)
+
+    def of(self, source: Source) -> tuple[Source, int]:
+        """``text_traces(source)``'s ``(readable, n)``, valid until the next call or
+        :meth:`close`."""
+        key = _fingerprint(source)
+        if key is None or key != self._key:
+            self.close()
+            self._held = self._stack.enter_context(text_traces(source))
+            self._key = key
+        return self._held
+
+    def close(self) -> None:
+        self._key = None
+        self._stack.close()
+
+    def __enter__(self) -> TextCopy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def result_rewards(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Episode -> the team's own ``score`` for it, from result lines that name the episode."""
     return {r["episode_id"]: float(r["score"]) for r in results
