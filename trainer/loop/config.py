@@ -42,7 +42,8 @@ class GateConfig:
         0, help="a live service without held-out tasks: compare on this many of the round's "
                 "newest real inputs, each replayed on the live version and on the candidate "
                 "(replay_team, at temperature) and scored by the judge, the recipe or the "
-                "team's own rewards (0: on held-out tasks)")
+                "team's own rewards; under apo, the prompt search and its critiques never see "
+                "them (0: on held-out tasks)")
     temperature: float | None = setting(
         None, help="the gate's sampling temperature (unset: temperature, as the team is "
                    "served: a candidate that wins greedily can lose what users get)")
@@ -156,9 +157,6 @@ class LoopConfig:
             raise ValueError(f"algorithm {self.algorithm} on live traces: prompt candidates "
                              f"play the round's newest real inputs again: give replay_team "
                              f"(or eval_team), a command that writes result lines with a score")
-        if self.algorithm != "lora" and self.gate.rule != "off" and self.gate.inputs:
-            raise ValueError(f"algorithm {self.algorithm}: the prompt gate plays held-out tasks "
-                             f"(gate.tasks or eval_tasks); gate.inputs is for algorithm lora")
         if (self.team is None) == (self.traces is None):
             raise ValueError("give either team (with tasks) or traces: where episodes come from")
         if self.team is not None and self.tasks is None:

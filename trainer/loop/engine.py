@@ -605,9 +605,12 @@ class Loop:
         self.state.save()
         return scores
 
-    def _replayed_scores(self, r: int, aliases: dict[str, str], out: Path) -> Scores:
+    def _replayed_scores(self, r: int, aliases: dict[str, str], out: Path, *,
+                         tasks: list[dict[str, Any]] | None = None,
+                         prompts: Mapping[str, Mapping[str, str]] | None = None) -> Scores:
         """A live service's held-out check: the round's newest ``gate.inputs`` real inputs
-        played again on the versions ``aliases`` points at, as the service samples, scored per
+        (or ``tasks``, inputs already chosen) played again on the versions ``aliases`` points
+        at, under the live prompts or the table ``prompts``, as the service samples, scored per
         input by the team's own results, else by the episodes' rewards: the judge's verdicts
         (``[judge] rubric``), the recipe, inline (a role's by its own transitions')."""
         import pyarrow.parquet as pq
@@ -617,16 +620,19 @@ class Loop:
         from agl_bridge.trainer.loop.replay import read_replay_spans, replay_inputs
 
         cfg = self.cfg
-        tasks = replay_inputs(read_replay_spans(self._fresh, cfg.replay_field),
-                              field_name=cfg.replay_field).tasks[-cfg.gate.inputs:]
+        if tasks is None:
+            tasks = replay_inputs(read_replay_spans(self._fresh, cfg.replay_field),
+                                  field_name=cfg.replay_field).tasks[-cfg.gate.inputs:]
         table = out / ALIASES_FILE
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text(json.dumps({"aliases": aliases}))
-        log(f"round {r} gate: {len(tasks)} real input(s) replayed on {aliases} ...")
+        log(f"round {r} gate: {len(tasks)} real input(s) replayed on {aliases}"
+            f"{' with the candidate prompts' if prompts is not None else ''} ...")
         with self.state.timed("gate (replayed inputs)"):
             run = self._team(cfg.replay_team or cfg.eval_team or cfg.team or "", tasks, out,
                              rollouts=cfg.gate.rollouts, temperature=self._gate_temperature,
-                             aliases=table)
+                             aliases=table, prompts=self.prompts.table(out, prompts)
+                             if self.prompts and prompts is not None else None)
             scores = task_scores(run.results)
             if scores or not run.spans.is_dir():
                 return Scores(scores, role_scores(run.results))

@@ -221,9 +221,10 @@ def test_apo_settings(tmp_path):
         build(LoopConfig, {**live, "traces": str(tmp_path), "algorithm": "apo"}, "t").check()
     live_apo = {**live, "traces": str(tmp_path), "algorithm": "apo", "replay_team": "python r"}
     assert build(LoopConfig, live_apo, "t").check().traces == str(tmp_path)
-    with pytest.raises(ValueError, match="the prompt gate plays held-out tasks"):
-        build(LoopConfig, {**live_apo, "gate": {"rule": "not_worse", "inputs": 4}},
-              "t").check()
+    inputs = build(LoopConfig, {**live_apo, "gate": {"rule": "not_worse", "inputs": 4}}, "t")
+    assert inputs.check().gate.inputs == 4  # the prompt gate on real inputs replayed
+    with pytest.raises(ValueError, match=r"gate\.inputs replays real inputs of a live traces"):
+        build(LoopConfig, {**base, "algorithm": "apo", "gate": {"inputs": 4}}, "t").check()
 
 
 @pytest.mark.parametrize("token_ids", [True, False], ids=["vllm", "hosted-api"])
@@ -280,6 +281,53 @@ def test_apo_on_a_live_service(tmp_path, token_ids, monkeypatch):
     assert [sorted(map(str, s)) for s in made] == [sorted(r["consumed"]) for r in (r0, r1)]
     if token_ids:  # conversion groups the users' episodes by prompt version (a key baseline)
         _groups_by_prompt_version([prod / "run0/spans", prod / "run1/spans"], tmp_path)
+
+
+@pytest.mark.parametrize("users, published, replay_k", [
+    ([2, 4, 6, 8, 30, 32], {"solver": "solver@p1"}, 0),
+    ([2, 4, 6, 8, 150, 152], {}, 0),
+    ([2, 4, 6, 8, 150, 152], {}, 2),
+], ids=["better-on-the-newest-inputs", "worse-on-the-newest-inputs", "and-replayed-for-groups"])
+def test_the_prompt_gate_on_real_inputs_replayed(tmp_path, users, published, replay_k):
+    """``[gate] inputs = 2`` on a live service with no held-out tasks: the live prompts and the
+    candidate each play the round's two newest real inputs again (the replay command), which
+    the search and its critiques never see; candidates play the four before them. SMALL (right
+    below 100 only) beats the service's own prompt (wrong on even numbers below 100, right on
+    big ones) on 2..8 either way: on 30 and 32 it passes the gate and is published, on 150 and
+    152 it is worse and refused. With ``replay_k`` the loop's own replays of the gate's inputs
+    (rewarded 1: its own prompt is right on big numbers) are kept from the critiques too."""
+    from agl_bridge.trainer.loop.team import read_results, run_team
+
+    world = World([SMALL])
+    prod = tmp_path / "prod"
+    with ScriptedServer(vllm=True, script=world) as server:
+        run_team(TEAM, [{"task_id": f"u{i}", "number": x} for i, x in enumerate(users)],
+                 prod / "run0", base_url=server.base_url, aliases=None,
+                 extra_env={"AGL_BRIDGE_PROMPTS": str(tmp_path / "registry/prompts.json"),
+                            "AGL_BRIDGE_CAPTURE": "messages"})
+        cfg = setup(tmp_path, server, train=[], held_out=None, team=None, tasks=None,
+                    traces=str(prod), settle_s=0.0, min_episodes=6, max_wait_s=5.0,
+                    replay_team=TEAM, replay_field="app.number", rounds=1, replay_k=replay_k,
+                    **{"gate.inputs": 2})
+        data = Loop(cfg).run()
+    (r0,) = data["rounds"]
+    newest = users[4:]
+    # the search: the root and SMALL on the four inputs before the gate's
+    assert r0["apo"]["solver"]["root_score"] == 0.0 and r0["apo"]["solver"]["best_score"] == 1.0
+    assert {n for s, n in world.team if s == SMALL} == set(users)  # the gate's two too
+    assert world.critiques and not any(f"say {n}" in c for c in world.critiques for n in newest)
+    # the gate: live and candidate prompts each on the two newest inputs, replayed
+    for label in ("live", "candidate"):
+        rows = read_results(tmp_path / f"loop/round00/gate-{label}/results.jsonl")
+        assert sorted(r["task_id"] for r in rows) == ["replay:u4"] * 2 + ["replay:u5"] * 2
+    assert {n for s, n in world.team if s == OWN} >= set(newest)
+    assert r0["gate"]["n"] == 2 and r0["gate"]["publish"] == bool(published)
+    assert r0["gate"]["difference"] == (1.0 if published else -1.0)
+    assert r0.get("published", {}) == published
+    table = json.loads((tmp_path / "registry/prompts.json").read_text())["prompts"]
+    assert table == ({"solver": {"version": "solver@p1", "text": SMALL}} if published else {})
+    events = [e["event"] for e in data["events"]]
+    assert events == ["prompt published" if published else "prompt refused"]
 
 
 def _groups_by_prompt_version(spans, tmp_path):

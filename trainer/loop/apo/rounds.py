@@ -20,8 +20,11 @@ live adapters and prompts, the agents following the prompt table ``AGL_BRIDGE_PR
    needed), and the root and the candidates play the round's newest real inputs again (the
    replay command, ``replay_field``);
 3. **gate**: the live prompts and the candidate table on the gate's held-out tasks, through the
-   loop's own evaluation (cached per adapter and prompt versions), ``gate_team_and_roles`` with
-   the ``[gate]`` rule: the team not worse beyond noise and each changed agent's own score not;
+   loop's own evaluation (cached per adapter and prompt versions), or on a live service with
+   ``[gate] inputs = N`` on the round's N newest real inputs replayed (``Loop._replayed_scores``,
+   as the adapter gate does), which the search and its critiques are not given;
+   ``gate_team_and_roles`` with the ``[gate]`` rule: the team not worse beyond noise and each
+   changed agent's own score not;
 4. **publish**: each winner becomes its agent's next version (``solver@p2``) in the registry.
 
 No torch, no LoRA serving: the team's endpoint and the optimizer's (``[apo]
@@ -85,6 +88,10 @@ class LoopView(Protocol):
     def _scores(self, label: str, aliases: dict[str, str], out: Path, tasks_file: str, *,
                 temperature: float, rollouts: int, prompts: Entries | None = None
                 ) -> Scores: ...
+
+    def _replayed_scores(self, r: int, aliases: dict[str, str], out: Path, *,
+                         tasks: list[dict[str, Any]] | None = None,
+                         prompts: Entries | None = None) -> Scores: ...
 
 
 class PromptLever:
@@ -235,6 +242,8 @@ class PromptLever:
             record["published"] = {}
             return
         root_scores: Scores | None
+        gate_inputs: list[dict[str, Any]] = []  # [gate] inputs: held out of the search
+        rewards, replays_held = self._rewards, set[str]()
         if cfg.traces is None:  # the team played the round's tasks: they score the root
             results = read_results(rdir / "results.jsonl")
             tasks = [json.loads(line) for line in (rdir / "tasks.jsonl").read_text()
@@ -245,10 +254,18 @@ class PromptLever:
             command, played = cfg.team or "", "of the round's tasks"
         else:  # live: the newest real inputs of the round, played again by the root too
             tasks, root_scores = self._live_inputs(rdir, sources), None
+            if cfg.gate.inputs and cfg.gate.rule != "off":
+                tasks, gate_inputs = tasks[:-cfg.gate.inputs], tasks[-cfg.gate.inputs:]
+                held = {t["source_episode"] for t in gate_inputs}
+                rewards = {e: x for e, x in rewards.items() if e not in held}
+                replays_held = {t["task_id"] for t in gate_inputs}  # replay_k's of them
+            tasks = tasks[-cfg.apo.val_batch_size:]
             command, played = cfg.replay_team or cfg.eval_team or "", "real inputs replayed"
             if not tasks:
                 log(f"round {r}: APO has no input of the round's episodes to play "
-                    f"candidates on (replay_field {cfg.replay_field!r})")
+                    f"candidates on (replay_field {cfg.replay_field!r}"
+                    + (f"; the newest {len(gate_inputs)} are the gate's" if gate_inputs
+                       else "") + ")")
                 record["apo"], record["published"] = {}, {}
                 return
         scoring = Scoring(command, tasks, loop.base_url, loop.registry / ALIASES_FILE,
@@ -262,16 +279,20 @@ class PromptLever:
         live, before = self.live(), self.state()
         pending: dict[str, dict[str, str]] = {}
         record["apo"] = {}
-        log(f"round {r}: APO on {', '.join(cfg.agents)} from {len(self._rewards)} rewarded "
+        log(f"round {r}: APO on {', '.join(cfg.agents)} from {len(rewards)} rewarded "
             f"episodes, candidates on {len(tasks)} {played} ...")
         source = cfg.traces or str(rdir / "spans")
         with loop.state.timed("apo search"):
             readable, _ = self.text.of(sources)  # the watch's copy, unless it read none
             for agent in cfg.agents:
                 try:
-                    pool = transcripts(readable, self._rewards,
-                                       max_chars=cfg.apo.max_episode_chars,
-                                       tokenizer=tokenizer, agent=agent)
+                    pool = [t for t in transcripts(readable, rewards,
+                                                   max_chars=cfg.apo.max_episode_chars,
+                                                   tokenizer=tokenizer, agent=agent)
+                            if t.task not in replays_held]
+                    if not pool:
+                        raise ValueError(f"every rewarded episode of {agent} replays one of "
+                                         f"the gate's inputs")
                 except (ValueError, FileNotFoundError) as exc:
                     log(f"round {r}: APO skips {agent}: {str(exc).splitlines()[0]}")
                     record["apo"][agent] = {"skipped": str(exc)[:300]}
@@ -299,7 +320,7 @@ class PromptLever:
             return
         candidate = {**live, **pending}
         record["candidate"] = {a: e["version"] for a, e in pending.items()}
-        publish = self._gate(r, rdir, candidate, list(pending), record)
+        publish = self._gate(r, rdir, candidate, list(pending), record, gate_inputs)
         if not publish:
             loop.data["events"].append({"round": r, "event": "prompt refused",
                                         "candidate": record["candidate"],
@@ -318,8 +339,8 @@ class PromptLever:
                                     "reason": record["gate"]["rule"], "time": time.time()})
 
     def _live_inputs(self, rdir: Path, sources: list[Path]) -> list[dict[str, Any]]:
-        """The newest ``[apo] val_batch_size`` inputs of the live service's episodes this round
-        (not of the loop's own replays), as tasks the replay command plays."""
+        """The inputs of the live service's episodes this round (not of the loop's own
+        replays), oldest first, as tasks the replay command plays."""
         from agl_bridge.trainer.loop.replay import read_replay_spans, replay_inputs
 
         live = [s for s in sources if rdir.resolve() not in Path(s).resolve().parents]
@@ -327,24 +348,33 @@ class PromptLever:
             return []
         inputs = replay_inputs(read_replay_spans(live, self.cfg.replay_field),
                                field_name=self.cfg.replay_field)
-        return inputs.tasks[-self.cfg.apo.val_batch_size:]
+        return inputs.tasks
 
     def _gate(self, r: int, rdir: Path, candidate: Entries, changed: list[str],
-              record: dict[str, Any]) -> bool:
-        """The loop's gate between the live prompts and the candidate table, on its held-out
-        tasks, the adapters as they are live."""
+              record: dict[str, Any], inputs: list[dict[str, Any]]) -> bool:
+        """The loop's gate between the live prompts and the candidate table, the adapters as
+        they are live: on its held-out tasks, or on a live service's real ``inputs`` replayed
+        (``[gate] inputs``: the round's newest, which the search and its critiques never
+        saw)."""
         log = self.log
         loop, cfg = self.loop, self.cfg
         gate_tasks = cfg.gate.tasks or cfg.eval_tasks
-        if cfg.gate.rule == "off" or gate_tasks is None:
+        if cfg.gate.rule == "off" or (gate_tasks is None and not cfg.gate.inputs):
             record["gate"] = {"publish": True, "rule": "gate off"}
             return True
         adapters = dict(loop.data["live"])
-        live, cand = (loop._scores(f"round {r} gate: {label} prompts", adapters,
-                                   rdir / f"gate-{label}", gate_tasks,
-                                   temperature=loop._gate_temperature,
-                                   rollouts=cfg.gate.rollouts, prompts=prompts)
-                      for label, prompts in (("live", None), ("candidate", candidate)))
+        pairs: tuple[tuple[str, Entries | None], ...] = (("live", None),
+                                                         ("candidate", candidate))
+        if cfg.gate.inputs:
+            live, cand = (loop._replayed_scores(r, adapters, rdir / f"gate-{label}",
+                                                tasks=inputs, prompts=prompts)
+                          for label, prompts in pairs)
+        else:
+            live, cand = (loop._scores(f"round {r} gate: {label} prompts", adapters,
+                                       rdir / f"gate-{label}", gate_tasks or "",
+                                       temperature=loop._gate_temperature,
+                                       rollouts=cfg.gate.rollouts, prompts=prompts)
+                          for label, prompts in pairs)
         publish, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
                                                    tolerance=cfg.gate.tolerance)
         record["gate"] = gate_record(publish, team, roles, temperature=loop._gate_temperature,
