@@ -108,6 +108,12 @@ POLICY_ALIAS: Final = "agl_bridge.policy.alias"  # what the agent asked for, res
 # the version of the calling agent's prompt the request carries ("writer@p3"; "writer@p0": the
 # agent's own), when a prompt table is set (AGL_BRIDGE_PROMPTS; agl_bridge/prompts.py)
 PROMPT_VERSION: Final = "agl_bridge.prompt.version"
+# the calling agent's own system prompt as the request carries it (the part the prompt table
+# replaces: its own text or the live version's), recorded where a framework builds the system
+# message around it (MassGen: its coordination message, the agent's prompt one section of it);
+# elsewhere the agent's own prompt is its first system message whole. Content: kept at the
+# messages capture level only ("" when the agent has no prompt of its own)
+PROMPT_TEXT: Final = "agl_bridge.prompt.text"
 SERVER_KIND: Final = "agl_bridge.llm.server"  # "vllm" when the server answered GET /version
 TOKEN_IDS_STATUS: Final = "agl_bridge.llm.token_ids"  # recorded | not_requested | missing
 LLM_STREAM: Final = "agl_bridge.llm.stream"  # bool: the call was streamed

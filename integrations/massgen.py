@@ -18,7 +18,10 @@ So the integration wraps
   itself, its coordination instructions and the answers so far around the agent's own prompt
   (its configured ``system_message``, one section), so the live version's text goes there,
   not over the whole message; the agent's calls then run inside ``placed_prompt`` (the
-  openai patch leaves their messages alone) and their spans record the version placed;
+  openai patch leaves their messages alone) and their spans record the version placed. With
+  or without a swap, the spans record the text that section holds (``agl_bridge.prompt.text``,
+  at the messages capture level; "" for an agent with no prompt of its own): the agent's own
+  prompt apart from the coordination message, what APO reads as the prompt to improve;
 * the tracker's ``track_enforcement_event``, where MassGen refuses a reply that made no usable
   workflow tool call (none, a tool not offered, an answer past the limit, a vote for an unknown
   agent) and asks again: a failed ``execute_tool`` span (``error.type`` = MassGen's reason) on
@@ -122,22 +125,32 @@ class _Sessions:
         return None
 
 
-def _placed_prompt(agent: str | None, version: str | None
+@dataclass(frozen=True)
+class _Placed:
+    """What an agent's identity section got when MassGen last built its message."""
+
+    version: str | None  # the live version placed; None: no prompt swap
+    text: str  # the section's text: the agent's own prompt or the live version's ("" none)
+
+
+def _placed_prompt(agent: str | None, placed: _Placed | None
                    ) -> contextlib.AbstractContextManager[Any]:
-    """Under a prompt swap, the swap told that this call's system message already holds
-    ``version`` (when MassGen built it without asking for the agent's prompt: its own, p0);
-    MassGen's message is never replaced whole."""
+    """The openai integration told that this call's system message already holds the agent's
+    prompt: under a prompt swap its version (when MassGen built it without asking for the
+    agent's prompt: its own, p0), so MassGen's message is never replaced whole; with or without
+    one, its text, which the span records apart from the message."""
     if not agent:
         return contextlib.nullcontext()
+    version, text = (placed.version, placed.text) if placed is not None else (None, None)
     try:
-        from agl_bridge.integrations.openai.prompt_swap import live_prompt, placed_prompt
+        from agl_bridge.integrations.openai.placed import placed_prompt
+        from agl_bridge.integrations.openai.prompt_swap import live_prompt
 
-        if version is None:
-            live = live_prompt(agent)
-            if live is None:  # no swap: nothing to tell it
-                return contextlib.nullcontext()
+        if version is None and live_prompt(agent) is not None:
             version = version_name(agent, 0)
-        return placed_prompt(version)
+        if version is None and text is None:  # no swap, no text: nothing to tell it
+            return contextlib.nullcontext()
+        return placed_prompt(version, text)
     except Exception:  # the swap must never fail the agent's call
         logger.warning("agl_bridge: the prompt swap failed for massgen agent %s", agent,
                        exc_info=True)
@@ -168,7 +181,7 @@ class MassGenInstrumentor(Instrumentor):
                                 ("track_enforcement_event", self._enforcement)):
             self.wrap(_TRACKER, f"CoordinationTracker.{method}", wrapper)
         self.wrap(_ORCHESTRATOR, "Orchestrator.__init__", self._orchestrator_init)
-        self._placed: dict[str, str] = {}  # agent id -> the prompt version its message got last
+        self._placed: dict[str, _Placed] = {}  # agent id -> what its message got last
         agents = importlib.import_module(_AGENTS)
         for name in _AGENT_CLASSES:
             if "get_configurable_system_message" in vars(getattr(agents, name, object)):
@@ -198,7 +211,8 @@ class MassGenInstrumentor(Instrumentor):
 
     # -- prompts ---------------------------------------------------------------------------
     def _own_prompt(self, wrapped, instance, args, kwargs):
-        """The agent's own prompt, or the live version's text under a prompt swap."""
+        """The agent's own prompt, or the live version's text under a prompt swap; what it
+        gave is kept for the agent's next calls' spans."""
         own = wrapped(*args, **kwargs)
         agent = getattr(instance, "agent_id", None)
         if not isinstance(agent, str):
@@ -210,11 +224,11 @@ class MassGenInstrumentor(Instrumentor):
         except Exception:  # the swap must never fail the agent's call: its own prompt
             logger.warning("agl_bridge: the prompt swap failed for massgen agent %s; its own "
                            "prompt is used", agent, exc_info=True)
-            return own
-        if live is None:
-            return own
-        self._placed[agent] = live.version
-        return own if live.text is None else live.text
+            live = None
+        text = own if live is None or live.text is None else live.text
+        self._placed[agent] = _Placed(live.version if live is not None else None,
+                                      text if isinstance(text, str) else "")
+        return text
 
     # -- model calls -----------------------------------------------------------------------
     def _stream_with_tools(self, wrapped, instance, args, kwargs):

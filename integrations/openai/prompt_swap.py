@@ -18,7 +18,11 @@ A framework that builds an agent's system message itself around the agent's own 
 (MassGen: its coordination instructions, the answers so far and, as one section, the agent's
 configured ``system_message``) must not lose the rest: its integration puts the live text where
 the agent's own prompt goes (``live_prompt``) and runs the call inside ``placed_prompt``, so
-the swap sends the messages as they are and the span records the version placed.
+the swap sends the messages as they are and the span records the version placed and, at the
+messages capture level, the text placed (``agl_bridge.prompt.text``: the agent's own prompt
+apart from the message built around it, what APO reads as the prompt to improve;
+``placed.py``). The text is given with the swap off too (``placed_prompt(None, text)``), so
+traces captured without a prompt table show it as well.
 
 Off unless asked: with ``AGL_BRIDGE_PROMPTS`` unset nothing is read. A table that cannot be
 used never fails a call (the alias table's rules), and neither does a request this cannot
@@ -30,20 +34,16 @@ On: ``enable_prompt_swap()``; the OpenAI instrumentor and the routing instrument
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agl_bridge.prompts import LivePrompt, default_prompt_table, version_name
 from agl_bridge.scope import current_scope
 
 from . import patch
+from .placed import placed
 
 SYSTEM_ROLES = ("system", "developer")
-
-# the prompt version a framework's integration put into the messages itself (``placed_prompt``)
-_PLACED: ContextVar[str | None] = ContextVar("agl_bridge_prompt_placed", default=None)
 
 
 def with_prompt(messages: Sequence[Any], text: str) -> list[Any]:
@@ -63,9 +63,9 @@ def swap(kwargs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     table = default_prompt_table()
     if table is None:
         return kwargs, None
-    placed = _PLACED.get()
-    if placed is not None:
-        return kwargs, placed
+    framework = placed()
+    if framework is not None:  # the framework placed it: its message is sent as it is
+        return kwargs, framework.version
     agent = current_scope().get("agent_name")
     messages = kwargs.get("messages")
     if not isinstance(agent, str) or not agent or not isinstance(messages, Sequence) \
@@ -87,20 +87,6 @@ def live_prompt(agent: str) -> LivePrompt | None:
     if table is None:
         return None
     return table.live(agent) or LivePrompt(version_name(agent, 0), None)
-
-
-@contextmanager
-def placed_prompt(version: str) -> Iterator[None]:
-    """Calls made inside send their messages as they are and record ``version``: the
-    framework's integration has put that version's text where the agent's own prompt goes."""
-    token = _PLACED.set(version)
-    try:
-        yield
-    finally:
-        try:
-            _PLACED.reset(token)
-        except ValueError:  # an async generator closed from another context
-            pass
 
 
 def enable_prompt_swap() -> None:

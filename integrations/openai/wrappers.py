@@ -5,7 +5,9 @@ the sync and async ``create``: decide what to ask the server for, start the span
 record the response, or hand back a stream or raw response whose span ends with it. It runs in
 the tracing slot of the shared patch (``patch.py``), after routing: the request it sees already
 asks for the live version, and ``alias`` is what the agent asked for; ``prompt`` is the version
-of the agent's prompt the swap put in (``prompt_swap.py``).
+of the agent's prompt the swap put in (``prompt_swap.py``). Where a framework's integration put
+the agent's prompt into a message it builds around it (``placed_prompt``), the span records
+that text apart (``agl_bridge.prompt.text``, at the messages capture level).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from agl_bridge.capture import CaptureLevel, capture_level
 from agl_bridge.errors import record_error
 
 from . import branches, raw
+from .placed import placed_text
 from .probe import ServerProbe
 from .request import Call, request_attributes
 from .response import RawResponseProxy, record_response
@@ -90,6 +93,10 @@ class ChatTracing:
             attributes[sc.POLICY_ALIAS] = alias
         if prompt is not None:
             attributes[sc.PROMPT_VERSION] = prompt
+        if call.messages:
+            own = placed_text()
+            if own is not None:
+                attributes[sc.PROMPT_TEXT] = own
         branches.start_attributes(call, attributes)
         return self.tracer.start_span(sc.chat_span_name(model), kind=SpanKind.CLIENT,
                                       attributes=attributes)

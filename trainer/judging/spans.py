@@ -51,6 +51,10 @@ class Episodes:
     problems: list[str] = field(default_factory=list)  # files and spans, named
     files: int = 0
     calls: int = 0
+    # episode -> agent -> its own system prompt as its earliest call recording it apart from
+    # the messages shows it (agl_bridge.prompt.text; MassGen's agents); elsewhere an agent's
+    # own prompt is its first system message
+    prompts: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _read_file(path: Path) -> pa.Table:
@@ -108,12 +112,14 @@ def _call(row: dict[str, Any], path: Path, problems: list[str]) -> Call:
     outputs = attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)
     failed = ((row.get("status_message") or "error") if row.get("status_code") == "ERROR"
               else None)
+    prompt = attributes.get(sc.PROMPT_TEXT)
     return Call(span=span, agent=row.get("agent_name"),
                 start=row.get("start_time_unix_nano") or 0,
                 inputs=_json(inputs, f"span {span}: {sc.GEN_AI_INPUT_MESSAGES}"),
                 outputs=_json(outputs, f"span {span}: {sc.GEN_AI_OUTPUT_MESSAGES}"),
                 prompt_ids=row.get("prompt_token_ids"),
-                completion_ids=row.get("completion_token_ids"), failed=failed)
+                completion_ids=row.get("completion_token_ids"), failed=failed,
+                prompt=prompt if isinstance(prompt, str) else None)
 
 
 def read_episodes(source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -165,6 +171,12 @@ def read_episodes(source: str | os.PathLike[str] | Sequence[str | os.PathLike[st
             continue
         out.texts.append(EpisodeText(episode, tasks.get(episode), blocks,
                                      min(c.start for c in episode_calls)))
+        prompts: dict[str, str] = {}
+        for c in sorted(episode_calls, key=lambda c: (c.start, c.span)):
+            if c.agent and c.prompt is not None:
+                prompts.setdefault(c.agent, c.prompt)
+        if prompts:
+            out.prompts[episode] = prompts
     return out
 
 

@@ -49,6 +49,9 @@ class Call:
     prompt_ids: Sequence[int] | None = None
     completion_ids: Sequence[int] | None = None
     failed: str | None = None  # the status message of a call that ended in error
+    # the agent's own system prompt, where the span records it apart from the messages
+    # (agl_bridge.prompt.text: a framework built the system message around it)
+    prompt: str | None = None
 
     @property
     def has_messages(self) -> bool:

@@ -16,21 +16,22 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
+from agl_bridge import semconv as sc
 from agl_bridge.cli import main
-from agl_bridge.trainer.loop.apo.config import ApoConfig
+from agl_bridge.trainer.loop.apo.config import ApoConfig, ApoSearchConfig
 from agl_bridge.trainer.loop.apo.optimizer import (
     CRITIQUE_SYSTEM,
     REWRITE_SYSTEM,
     parse_rewrite,
 )
-from agl_bridge.trainer.loop.apo.run import ApoError, run_apo
+from agl_bridge.trainer.loop.apo.run import ApoError, Scoring, run_apo, search_agent
 from agl_bridge.trainer.loop.apo.search import Candidate, beam_search, best
-from agl_bridge.trainer.loop.apo.transcripts import Transcript, best_and_worst
+from agl_bridge.trainer.loop.apo.transcripts import Transcript, best_and_worst, transcripts
 from agl_bridge.trainer.loop.apo.versions import episode_prompt_versions
 from agl_bridge.trainer.loop.gate import Scores
 from agl_bridge.trainer.loop.team import run_team
 from agl_bridge.trainer.serving.prompts import PromptRegistry
-from tests.factories import openinference_call, reward, table
+from tests.factories import llm, openinference_call, reward, table
 from tests.paths import AGENTS
 from tests.scripted_server import ScriptedServer
 
@@ -313,3 +314,65 @@ def test_agl_bridge_apo_on_another_instrumentors_traces(tmp_path, capsys):
     reg = PromptRegistry(tmp_path / "reg")
     assert reg.text("solver", "p0") == "You are a helpful assistant."
     assert reg.text("solver", "p1") == GOOD
+
+
+# -- a framework's message around the agent's own prompt (MassGen) ---------------------------
+class RecordingOptimizer:
+    """An optimizer that keeps the prompt each critique and rewrite was given and proposes
+    nothing new (so no candidate is played)."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def critique(self, agent, prompt, best, worst):
+        self.prompts.append(prompt)
+        return "Say the number."
+
+    def rewrite(self, agent, prompt, critique, temperature):
+        self.prompts.append(prompt)
+        return None
+
+
+def massgen_call(episode, t, agent, own):
+    """A MassGen agent's chat span: its system message is MassGen's coordination message with
+    the agent's own prompt as one section; the span records that prompt apart."""
+    system = (f'<system_prompt>\n<agent_identity priority="critical">\n{own}\n</agent_identity>'
+              f'\n<massgen_coordination priority="critical">\nAnswer, or vote for the best '
+              f'answer so far.\n</massgen_coordination>\n</system_prompt>')
+    messages = [{"role": "system", "parts": [{"type": "text", "content": system}]},
+                {"role": "user", "parts": [{"type": "text", "content": "What is 2+3?"}]}]
+    answer = [{"role": "assistant", "parts": [{"type": "text", "content": "5"}]}]
+    row = llm(episode, t, agent=agent, prompt=None, completion=None, trace=episode.ljust(32, "a"))
+    row["attributes"] = json.dumps({sc.GEN_AI_INPUT_MESSAGES: json.dumps(messages),
+                                    sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(answer),
+                                    sc.PROMPT_TEXT: own})
+    return row
+
+
+def test_p0_of_a_massgen_agent_is_its_own_prompt_not_the_coordination_message(tmp_path):
+    """MassGen-shaped spans: APO's root (kept as p0) and what its optimizer rewrites are the
+    agent's own prompt, not MassGen's whole message; an agent with no prompt of its own gets
+    none recorded and one proposed, not the coordination message."""
+    own = "You are agent A: check the sum twice."
+    rows = [massgen_call(e, 10 * k + j, agent, text) for k, e in enumerate(["e1", "e2"])
+            for j, (agent, text) in enumerate([("agent_a", own), ("agent_b", "")])]
+    (tmp_path / "spans").mkdir()
+    pq.write_table(table(rows), tmp_path / "spans/spans.parquet")
+    rewards = {"e1": 1.0, "e2": 0.0}
+    reg = PromptRegistry(tmp_path / "reg")
+    search = ApoSearchConfig(beam_width=1, branch_factor=1, beam_rounds=1)
+    roots = {}
+    for agent in ("agent_a", "agent_b"):
+        pool = transcripts(tmp_path / "spans", rewards, max_chars=10_000, agent=agent)
+        assert len(pool) == 2 and all("<massgen_coordination" in t.text for t in pool)
+        optimizer = RecordingOptimizer()
+        searched = search_agent(
+            agent, pool, search=search, registry=reg, optimizer=optimizer,
+            scoring=Scoring("unused", [{"task_id": "t1"}], "http://unused", None),
+            work=tmp_path / "apo" / agent, rng=random.Random(0), others={}, source="test",
+            log=lambda _: None, root_scores=Scores({"t1": 0.5}))
+        roots[agent] = searched.root.text
+        assert optimizer.prompts == [searched.root.text] * 2  # what a candidate would rewrite
+    assert roots == {"agent_a": own, "agent_b": ""}
+    assert reg.text("agent_a", "p0") == own  # kept as p0, the coordination message left out
+    assert reg.text("agent_b", "p0") is None  # none of its own: nothing recorded

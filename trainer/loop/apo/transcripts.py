@@ -25,7 +25,7 @@ from typing import Any
 
 from agl_bridge.trainer.conversion.sources import Source
 from agl_bridge.trainer.judging.spans import read_episodes, tokenizer_decoder
-from agl_bridge.trainer.rewards.judge import shorten
+from agl_bridge.trainer.rewards.judge import EpisodeText, shorten
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,10 @@ class Transcript:
     task: str | None
     reward: float
     text: str
-    system: str | None = None  # the agent's first system message, whole
+    # the agent's own system prompt: as its spans record it apart from the message a framework
+    # built around it (agl_bridge.prompt.text: MassGen's coordination message), else its first
+    # system message whole; "" or None: it has none
+    system: str | None = None
 
 
 def converted_rewards(source: Source, config: Any = None, *,
@@ -176,8 +179,15 @@ def transcripts(source: Source, rewards: Mapping[str, float], *, max_chars: int,
     decoder = tokenizer_decoder(tokenizer) if tokenizer else None
     episodes = read_episodes(source, decoder)
     head = f"[{agent}] system: "
+
+    def system(e: EpisodeText) -> str | None:
+        recorded = episodes.prompts.get(e.episode, {}).get(agent) if agent else None
+        if recorded is not None:
+            return recorded
+        return next((b[len(head):] for b in e.blocks if b.startswith(head)), None)
+
     out = [Transcript(e.episode, e.task, rewards[e.episode], shorten(e.text, max_chars),
-                      next((b[len(head):] for b in e.blocks if b.startswith(head)), None))
+                      system(e))
            for e in episodes.texts if e.episode in rewards
            and (agent is None or any(b.startswith(f"[{agent}]") for b in e.blocks))]
     if not out:
