@@ -40,12 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from agl_bridge.settings import values
 from agl_bridge.trainer.loop.config import LoopConfig
-from agl_bridge.trainer.loop.gate import (
-    Scores,
-    gate_record,
-    gate_team_and_roles,
-    publishable,
-)
+from agl_bridge.trainer.loop.gate import Scores, decide
 from agl_bridge.trainer.loop.state import LOOP_LOCK, LoopState, wipe
 from agl_bridge.trainer.loop.team import TeamRun, role_scores, run_team, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
@@ -714,15 +709,12 @@ class Loop:
                           for label, versions in (("live", dict(self.data["live"])),
                                                   ("candidate", candidate)))
         changed = [a for a, v in candidate.items() if v != self.data["live"].get(a)]
-        _, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
-                                             tolerance=cfg.gate.tolerance)
-        chosen = publishable(team, roles, changed, partial=cfg.gate.partial)
-        record["gate"] = gate_record(bool(chosen), team, roles, published=chosen,
-                                     temperature=self._gate_temperature,
-                                     rollouts=cfg.gate.rollouts)
-        verdict = ("REFUSED" if not chosen else "publish" if len(chosen) == len(changed)
-                   else f"publish {', '.join(chosen)} only")
-        log(f"round {r} gate: {verdict}: {record['gate']['rule']}"
+        verdict = decide(live, cand, changed, rule=cfg.gate.rule, tolerance=cfg.gate.tolerance,
+                         partial=cfg.gate.partial)
+        chosen, roles = verdict.published, verdict.roles
+        record["gate"] = verdict.record(temperature=self._gate_temperature,
+                                        rollouts=cfg.gate.rollouts)
+        log(f"round {r} gate: {verdict.headline}: {record['gate']['rule']}"
             + "".join(f"; {a}: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
                       for a, d in roles.items()))
         refused = [a for a in changed if a not in chosen]

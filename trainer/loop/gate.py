@@ -12,12 +12,12 @@ approximation, standard error of the mean difference) decide:
 The team's score can hide a role that got worse: near 0 it cannot fall, and one role's gain can
 carry another's loss. So each role whose adapter changed is gated on its own score too, under
 ``not_worse`` whatever the team's rule (a role need not improve, only not regress), and one
-role's refusal refuses the candidate (``gate_team_and_roles``), unless the gate is ``partial``:
-then the roles that passed go live and the refused ones keep their live versions
-(``publishable``). Partial publishing is for teams whose roles learn at different speeds (in
-MassGen's first round one agent's own answers gained 12 points while the other's lost 11, and
-the whole candidate was refused); the combination it publishes was never played as a whole,
-which is why the watch still judges it on live rewards.
+role's refusal refuses the candidate, unless the gate is ``partial``: then the roles that passed
+go live and the refused ones keep their live versions (``decide``). Partial publishing is for
+teams whose roles learn at different speeds (in MassGen's first round one agent's own answers
+gained 12 points while the other's lost 11, and the whole candidate was refused); the
+combination it publishes was never played as a whole, which is why the watch still judges it on
+live rewards.
 
 Pure: scores in, a decision with its rule and interval out.
 """
@@ -106,42 +106,60 @@ def gate(live: Mapping[str, float], candidate: Mapping[str, float], *,
     return GateDecision(ok, text, n, l_mean, c_mean, diff, low, high)
 
 
-def gate_team_and_roles(live: Scores, candidate: Scores, roles: Iterable[str], *,
-                        rule: GateRule = "not_worse", tolerance: float = 0.0
-                        ) -> tuple[bool, GateDecision, dict[str, GateDecision]]:
-    """(publish, the team's decision, each changed role's). A role is gated only where both
-    versions have its scores; under ``off`` nothing is refused."""
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's outcome for one candidate: the team's decision, each changed role's, and the
+    roles that go live (``published``; empty: refused). Decided once, in ``decide``, so what
+    is logged, recorded and published cannot disagree."""
+
+    team: GateDecision
+    roles: dict[str, GateDecision]
+    changed: list[str]
+    published: list[str]
+
+    @property
+    def publish(self) -> bool:
+        return bool(self.published)
+
+    @property
+    def headline(self) -> str:
+        """What the log says first: REFUSED, publish, or publish some only."""
+        if not self.published:
+            return "REFUSED"
+        if len(self.published) == len(self.changed):
+            return "publish"
+        return f"publish {', '.join(self.published)} only"
+
+    def record(self, *, temperature: float, rollouts: int) -> dict[str, Any]:
+        """The verdict as the loop records it in a round: the team's decision, the overall
+        one, the reasons of a refusal (the team's rule and each worse role's), the decoding
+        the versions were played with; under a partial gate, the roles that went live
+        (``partial``) while others were refused."""
+        reasons = ([] if self.team.publish else [self.team.rule]) + [
+            f"role {a} worse: {d.rule}" for a, d in self.roles.items() if not d.publish]
+        record = {**self.team.as_dict(), "publish": self.publish,
+                  "team_publish": self.team.publish,
+                  "rule": self.team.rule if not reasons else "; ".join(reasons),
+                  "temperature": temperature, "rollouts": rollouts,
+                  "roles": {a: d.as_dict() for a, d in self.roles.items()}}
+        if reasons and self.published:
+            record["partial"] = sorted(self.published)
+        return record
+
+
+def decide(live: Scores, candidate: Scores, changed: Iterable[str], *,
+           rule: GateRule = "not_worse", tolerance: float = 0.0,
+           partial: bool = False) -> Verdict:
+    """Gate the team and each changed role (a role only where both versions have its scores;
+    under ``off`` nothing is refused). All changed roles go live when the team and every gated
+    role pass, none when the team fails; when only some roles fail, none, or under
+    ``partial`` the others."""
+    changed = list(dict.fromkeys(changed))
     team = gate(live.team, candidate.team, rule=rule, tolerance=tolerance)
     role_rule: GateRule = "off" if rule == "off" else "not_worse"
-    per_role = {r: gate(live.roles[r], candidate.roles[r], rule=role_rule, tolerance=tolerance)
-                for r in sorted(set(roles)) if live.roles.get(r) and candidate.roles.get(r)}
-    return team.publish and all(d.publish for d in per_role.values()), team, per_role
-
-
-def publishable(team: GateDecision, roles: Mapping[str, GateDecision], changed: Iterable[str],
-                *, partial: bool = False) -> list[str]:
-    """The changed roles to publish: all of them when the team and every gated role pass,
-    none when the team fails; when only some roles fail, none, or under ``partial`` the
-    others."""
+    roles = {r: gate(live.roles[r], candidate.roles[r], rule=role_rule, tolerance=tolerance)
+             for r in sorted(changed) if live.roles.get(r) and candidate.roles.get(r)}
     refused = {a for a, d in roles.items() if not d.publish}
-    if not team.publish or (refused and not partial):
-        return []
-    return [a for a in changed if a not in refused]
-
-
-def gate_record(publish: bool, team: GateDecision, roles: Mapping[str, GateDecision], *,
-                temperature: float, rollouts: int, published: Iterable[str] | None = None
-                ) -> dict[str, Any]:
-    """``gate_team_and_roles``' outcome as the loop records it in a round: the team's decision,
-    the overall one, the reasons of a refusal (the team's rule and each worse role's), the
-    decoding the versions were played with; under a partial gate, the roles that went live
-    (``partial``) while others were refused."""
-    reasons = ([] if team.publish else [team.rule]) + [
-        f"role {a} worse: {d.rule}" for a, d in roles.items() if not d.publish]
-    record = {**team.as_dict(), "publish": publish, "team_publish": team.publish,
-              "rule": team.rule if publish and not reasons else "; ".join(reasons),
-              "temperature": temperature, "rollouts": rollouts,
-              "roles": {a: d.as_dict() for a, d in roles.items()}}
-    if published is not None and reasons and list(published):
-        record.update(publish=True, partial=sorted(published))
-    return record
+    published = ([] if not team.publish or (refused and not partial)
+                 else [a for a in changed if a not in refused])
+    return Verdict(team, roles, changed, published)

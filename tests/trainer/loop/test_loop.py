@@ -19,14 +19,7 @@ import pytest
 from agl_bridge.settings import SettingError, build
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop, LoopCallback
-from agl_bridge.trainer.loop.gate import (
-    Scores,
-    gate,
-    gate_record,
-    gate_team_and_roles,
-    paired,
-    publishable,
-)
+from agl_bridge.trainer.loop.gate import Scores, decide, gate, paired
 from agl_bridge.trainer.loop.team import role_scores, write_tasks
 from agl_bridge.trainer.loop.watch import watch
 from tests.loop_server import server_for
@@ -296,9 +289,10 @@ ZEROS = {t: 0.0 for t in "abcdef"}
 ])
 def test_each_changed_role_is_gated_on_its_own_score(live, candidate, roles, rule, publish,
                                                     refused_by):
-    ok, _, per_role = gate_team_and_roles(live, candidate, roles, rule=rule)
-    assert ok is publish
-    assert [r for r, d in per_role.items() if not d.publish] == refused_by
+    verdict = decide(live, candidate, roles, rule=rule)
+    assert verdict.publish is publish
+    assert verdict.published == (roles if publish else [])
+    assert [r for r, d in verdict.roles.items() if not d.publish] == refused_by
 
 
 WORSE = dict.fromkeys("abcdef", 0.0)
@@ -322,10 +316,9 @@ BETTER = dict.fromkeys("abcdef", 1.0)
      False, ["s", "c"]),
 ])
 def test_a_partial_gate_publishes_the_roles_that_passed(live, candidate, partial, published):
-    _, team, roles = gate_team_and_roles(live, candidate, ["s", "c"])
-    assert publishable(team, roles, ["s", "c"], partial=partial) == published
-    record = gate_record(bool(published), team, roles, temperature=0.0, rollouts=1,
-                         published=published)
+    verdict = decide(live, candidate, ["s", "c"], partial=partial)
+    assert verdict.published == published
+    record = verdict.record(temperature=0.0, rollouts=1)
     assert record["publish"] is bool(published)
     assert record.get("partial") == (published if published and published != ["s", "c"]
                                      else None)
@@ -616,20 +609,20 @@ def test_a_candidate_left_loaded_by_a_kill_during_the_gate_is_unloaded(tmp_path,
     again, before anything else reaches the server."""
     import agl_bridge.trainer.loop.engine as engine
 
-    real_gate = engine.gate_team_and_roles
+    real_gate = engine.decide
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt  # what SIGTERM/SIGINT become inside the loop
 
     with server_for(bad=set()) as server:
         cfg = setup(tmp_path, tiny, server, rounds=1)
-        monkeypatch.setattr(engine, "gate_team_and_roles", killed)
+        monkeypatch.setattr(engine, "decide", killed)
         with pytest.raises(SystemExit):
             Loop(cfg).run()
         assert "solver@v1" in server.adapters  # loaded for the gate, then the kill
         saved = json.loads((tmp_path / "loop" / "state.json").read_text())
         assert saved["candidates_loaded"] == ["solver@v1"]
-        monkeypatch.setattr(engine, "gate_team_and_roles", real_gate)
+        monkeypatch.setattr(engine, "decide", real_gate)
         server.requests.clear()
         data = Loop(cfg).run()
         calls = [(b.get("lora_name"), "unload" if "lora_path" not in b else "load")

@@ -462,3 +462,33 @@ def test_apo_and_lora_in_turn_on_one_team(tmp_path, tiny):
     assert data["live"] == {"solver": "solver@v1"} and data["final"]["score"] == 1.0
     assert PromptRegistry(tmp_path / "registry").read_live() == {"solver": "solver@p1"}
     assert any(" prompts solver@p1#" in key for key in data["evals"])
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
+def test_a_partial_prompt_gate_publishes_the_agent_that_passed(tmp_path, partial):
+    """Two agents; the team's score is the mean of their own. On the round's numbers (even,
+    below 100) DIGITS beats the solver's own prompt and then SMALL the checker's; on the
+    held-out ones (100 and more) the solver's DIGITS holds and the checker's SMALL is worse
+    than its own: the team loses 0.5, within ``[gate] tolerance`` (0.5), the checker 1.0,
+    beyond it. Refused whole, or under ``[gate] partial`` the solver's version goes live
+    alone."""
+    world = World([DIGITS, SMALL])
+    with ScriptedServer(vllm=True, script=world) as server:
+        data = Loop(setup(tmp_path, server, train=[2, 4, 6, 8], held_out=[100, 102, 104, 106],
+                          rounds=1, agents=["solver", "checker"],
+                          team=f"env APO_TEAM_CHECKER=1 {TEAM}",
+                          **{"gate.partial": partial, "gate.tolerance": 0.5})).run()
+    (r0,) = data["rounds"]
+    assert r0["candidate"] == {"solver": "solver@p1", "checker": "checker@p1"}
+    assert r0["gate"]["team_publish"] is True and r0["gate"]["difference"] == -0.5
+    assert r0["gate"]["roles"]["checker"]["difference"] == -1.0
+    assert r0["gate"]["roles"]["solver"]["difference"] == 0.0
+    assert r0["gate"]["publish"] is partial and "role checker worse" in r0["gate"]["rule"]
+    assert r0.get("published", {}) == ({"solver": "solver@p1"} if partial else {})
+    assert r0["gate"].get("partial") == (["solver"] if partial else None)
+    refused = [e for e in data["events"] if e["event"] == "prompt refused"]
+    assert [e["candidate"] for e in refused] == (
+        [{"checker": "checker@p1"}] if partial else
+        [{"solver": "solver@p1", "checker": "checker@p1"}])
+    assert PromptRegistry(tmp_path / "registry").read_live() == (
+        {"solver": "solver@p1"} if partial else {})

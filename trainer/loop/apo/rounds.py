@@ -23,9 +23,11 @@ live adapters and prompts, the agents following the prompt table ``AGL_BRIDGE_PR
    loop's own evaluation (cached per adapter and prompt versions), or on a live service with
    ``[gate] inputs = N`` on the round's N newest real inputs replayed (``Loop._replayed_scores``,
    as the adapter gate does), which the search and its critiques are not given;
-   ``gate_team_and_roles`` with the ``[gate]`` rule: the team not worse beyond noise and each
-   changed agent's own score not;
-4. **publish**: each winner becomes its agent's next version (``solver@p2``) in the registry.
+   ``gate.decide`` with the ``[gate]`` rule: the team not worse beyond noise and each
+   changed agent's own score not (``[gate] partial``: the agents that passed, when only some
+   did);
+4. **publish**: each winner the gate passed becomes its agent's next version (``solver@p2``)
+   in the registry.
 
 No torch, no LoRA serving: the team's endpoint and the optimizer's (``[apo]
 optimizer_base_url``; default the loop's server, the base model as ``gradient_model``).
@@ -60,7 +62,7 @@ from agl_bridge.trainer.loop.apo.versions import (
     key_versions,
     matches,
 )
-from agl_bridge.trainer.loop.gate import Scores, gate_record, gate_team_and_roles
+from agl_bridge.trainer.loop.gate import Scores, decide
 from agl_bridge.trainer.loop.state import LoopState
 from agl_bridge.trainer.loop.team import read_results, role_scores, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
@@ -320,15 +322,19 @@ class PromptLever:
             return
         candidate = {**live, **pending}
         record["candidate"] = {a: e["version"] for a, e in pending.items()}
-        publish = self._gate(r, rdir, candidate, list(pending), record, gate_inputs)
-        if not publish:
+        chosen = self._gate(r, rdir, candidate, list(pending), record, gate_inputs)
+        refused = {a: v for a, v in record["candidate"].items() if a not in chosen}
+        if refused:
             loop.data["events"].append({"round": r, "event": "prompt refused",
-                                        "candidate": record["candidate"],
+                                        "candidate": refused,
                                         "reason": record["gate"]["rule"]})
+        if not chosen:
             return
         published = {}
         with loop.state.timed("publish"):
             for agent, entry in pending.items():
+                if agent not in chosen:
+                    continue
                 info = record["apo"][agent]
                 published[agent] = self.registry.publish(agent, entry["text"], note=(
                     f"loop round {r}: {info['best']}, {info['best_score']:.3f} vs "
@@ -351,7 +357,7 @@ class PromptLever:
         return inputs.tasks
 
     def _gate(self, r: int, rdir: Path, candidate: Entries, changed: list[str],
-              record: dict[str, Any], inputs: list[dict[str, Any]]) -> bool:
+              record: dict[str, Any], inputs: list[dict[str, Any]]) -> list[str]:
         """The loop's gate between the live prompts and the candidate table, the adapters as
         they are live: on its held-out tasks, or on a live service's real ``inputs`` replayed
         (``[gate] inputs``: the round's newest, which the search and its critiques never
@@ -361,7 +367,7 @@ class PromptLever:
         gate_tasks = cfg.gate.tasks or cfg.eval_tasks
         if cfg.gate.rule == "off" or (gate_tasks is None and not cfg.gate.inputs):
             record["gate"] = {"publish": True, "rule": "gate off"}
-            return True
+            return changed
         adapters = dict(loop.data["live"])
         pairs: tuple[tuple[str, Entries | None], ...] = (("live", None),
                                                          ("candidate", candidate))
@@ -375,10 +381,9 @@ class PromptLever:
                                        temperature=loop._gate_temperature,
                                        rollouts=cfg.gate.rollouts, prompts=prompts)
                           for label, prompts in pairs)
-        publish, team, roles = gate_team_and_roles(live, cand, changed, rule=cfg.gate.rule,
-                                                   tolerance=cfg.gate.tolerance)
-        record["gate"] = gate_record(publish, team, roles, temperature=loop._gate_temperature,
-                                     rollouts=cfg.gate.rollouts)
-        log(f"round {r} gate (prompts): {'publish' if publish else 'REFUSED'}: "
-            f"{record['gate']['rule']}")
-        return publish
+        verdict = decide(live, cand, changed, rule=cfg.gate.rule, tolerance=cfg.gate.tolerance,
+                         partial=cfg.gate.partial)
+        record["gate"] = verdict.record(temperature=loop._gate_temperature,
+                                        rollouts=cfg.gate.rollouts)
+        log(f"round {r} gate (prompts): {verdict.headline}: {record['gate']['rule']}")
+        return verdict.published

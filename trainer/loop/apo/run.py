@@ -39,7 +39,7 @@ from agl_bridge.trainer.loop.apo.transcripts import (
     text_traces,
     transcripts,
 )
-from agl_bridge.trainer.loop.gate import Scores, gate_team_and_roles
+from agl_bridge.trainer.loop.gate import Scores, decide
 from agl_bridge.trainer.loop.team import role_scores, run_team, task_scores
 from agl_bridge.trainer.serving.prompts import PromptRegistry
 
@@ -255,15 +255,16 @@ def _gate_and_publish(searched: Searched, config: ApoConfig, registry: PromptReg
             f"published")
         return outcome
     assert root.scores is not None and winner.scores is not None
-    ok, team, roles = gate_team_and_roles(root.scores, winner.scores, [agent],
-                                          rule=config.rule, tolerance=config.tolerance)
-    outcome.gate = {"publish": ok, "team": team.as_dict(),
-                    "roles": {r: d.as_dict() for r, d in roles.items()}}
-    log(f"{agent}: gate {'passed' if ok else 'refused'} {winner.id}: {team.rule}")
+    verdict = decide(root.scores, winner.scores, [agent], rule=config.rule,
+                     tolerance=config.tolerance)
+    ok = verdict.publish
+    outcome.gate = {"publish": ok, "team": verdict.team.as_dict(),
+                    "roles": {r: d.as_dict() for r, d in verdict.roles.items()}}
+    log(f"{agent}: gate {'passed' if ok else 'refused'} {winner.id}: {verdict.team.rule}")
     if ok and config.publish:
         version = registry.publish(agent, winner.text, note=(
             f"apo {work}: {winner.id}, held-out {winner.mean:.3f} vs {root.mean:.3f} "
-            f"({searched.root_version}) on {team.n} tasks"))
+            f"({searched.root_version}) on {verdict.team.n} tasks"))
         outcome.published = version.name
         log(f"{agent}: published {version.name}")
     return outcome
