@@ -1,7 +1,8 @@
 """The multi-turn team (``agl-bridge demo --task retry``): one solver over several turns of one
-conversation, told too high or too low until right, rewarded once at the end; under zero-code
-capture each reply becomes a transition of its own, and PPO's conversion puts the reward on the
-last turn only."""
+conversation, told too high or too low until right, rewarded once at the end, at team scope
+only (the team is the solver: an own reward of the same parts would count them twice under
+``r = alpha * team + own``); under zero-code capture each reply becomes a transition of its own,
+and PPO's conversion puts the episode's reward, once, on the last turn only."""
 
 import re
 
@@ -70,8 +71,11 @@ def test_each_reply_is_a_turn_and_ppo_puts_the_end_reward_on_the_last(tmp_path):
     convert(spans, out, ConvertConfig(algorithm="ppo"))
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 11 and {r["agent_name"] for r in rows} == {"solver"}
+    team_reward = {r["episode_id"]: r["team_reward"] for r in run.results}
+    assert sorted(team_reward.values()) == pytest.approx([-0.2 + 0.3 * 0.5] + [0.9] * 4)
     for episode in {r["episode_id"] for r in rows}:
         turns = sorted((r["turn_index"], r["reward"]) for r in rows if r["episode_id"] == episode)
         assert [t for t, _ in turns] == list(range(len(turns)))
         assert all(reward == 0.0 for _, reward in turns[:-1])  # observations carry nothing:
-        assert turns[-1][1] != 0.0  # the reward lands at the end of the last turn
+        # the episode's reward lands at the end of the last turn, counted once (alpha 1)
+        assert turns[-1][1] == pytest.approx(team_reward[episode])

@@ -139,15 +139,18 @@ def write_results(args: argparse.Namespace, results: list[dict], summary: dict[s
 
 def reward_and_result(task: dict, rollout: int, episode_id: str, a: int, b: int,
                       replies: dict[str, str], team_parts: dict[str, float],
-                      parts: dict[str, dict[str, float]], args: argparse.Namespace
-                      ) -> dict[str, Any]:
+                      parts: dict[str, dict[str, float]], args: argparse.Namespace,
+                      *, own_rewards: bool = True) -> dict[str, Any]:
     """Inside the episode's scope: emit the team's reward and each agent's own (unless the
-    team serves without rewards, ``no_reward``), and return the episode's result line."""
+    team serves without rewards, ``no_reward``), and return the episode's result line.
+    ``own_rewards=False``: the agents' ``parts`` go into the result line only, for a team whose
+    reward is already each agent's (one agent: the recipe's ``alpha * team + own`` would
+    count the same parts twice)."""
     import agl_bridge
 
     if not getattr(args, "no_reward", False):  # production serves without a reward
         agl_bridge.emit_reward(team_parts, scope="team")
-        for name, own in parts.items():
+        for name, own in (parts.items() if own_rewards else ()):
             with agl_bridge.agent(name):
                 agl_bridge.emit_reward(own, scope="agent")
     return {"task_id": task["task_id"], "rollout": rollout, "episode_id": episode_id,

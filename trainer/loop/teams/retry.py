@@ -9,7 +9,9 @@ between them are observations, masked out of the losses. The credit problem is t
 a critic (``algorithm = "ppo"``, GAE over the agent's turns) is made for: the reward says
 nothing about which reply earned it.
 
-Reward, all at the end of the episode (team and agent scope alike):
+Reward, once, at the end of the episode, at team scope only: the team is the solver, so the team
+reward is its reward (the recipe's ``r = alpha * team + own``: an own reward of the same parts
+would count them twice, 2.0 for right at once and -0.4 for three wrong replies). Its parts:
   * ``correct``: 1 when the last reply's sum is right (the episode stops at the first right one);
   * ``close``: up to 0.3 for the last reply being near, when not right (as ``arith.score``);
   * ``turns``: -0.1 for every reply after the first, so that right at once pays most.
@@ -70,7 +72,7 @@ async def play(task: dict, rollout: int, client: Any, sem: asyncio.Semaphore,
             parts = end_reward(said[-1], a, b, len(said))
             result = program.reward_and_result(task, rollout, episode_id, a, b,
                                                {AGENTS[0]: " | ".join(said)}, parts,
-                                               {AGENTS[0]: parts}, args)
+                                               {AGENTS[0]: parts}, args, own_rewards=False)
     return {**result, "turns": len(said), "first_try": final_number(said[0]) == a + b}
 
 
