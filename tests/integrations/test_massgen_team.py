@@ -73,6 +73,9 @@ def test_results_say_correctness_votes_and_consensus(team_run):
     assert result["score"] == 1.0 and result["final_answer"] == "17 + 9 = 26"
     assert result["answers"] == {"agent_a": "17 + 9 = 26", "agent_b": "17 + 9 = 25"}
     assert result["agent_correct"] == {"agent_a": True, "agent_b": False}
+    # agent_b's 25 is 1 from 26: the arithmetic demo's partial credit, 0.3 x (1 - 1/10)
+    assert result["agent_close"] == pytest.approx({"agent_a": 0.0, "agent_b": 0.27})
+    assert result["agent_reward"] == pytest.approx({"agent_a": 1.0, "agent_b": 0.27})
     assert result["votes"] == {"agent_a": "agent_a", "agent_b": "agent_b"}
     assert result["vote_accuracy"] == 0.5  # one of the two votes backs the right answer
     assert result["consensus"] is False  # 1 of 2 votes is no majority

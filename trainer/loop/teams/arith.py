@@ -49,12 +49,20 @@ def final_number(text: str) -> int | None:
     return found[-1] if found else None
 
 
+def closeness(got: int | None, want: int) -> float:
+    """Partial credit for a wrong number near the right one: 0.3 x (1 - |error|/10), 0 from an
+    error of 10, for no number and for the right one (``correct`` pays that)."""
+    if got is None or got == want:
+        return 0.0
+    return 0.3 * max(0.0, 1.0 - abs(got - want) / 10.0)
+
+
 def score(text: str, a: int, b: int) -> dict[str, float]:
     """Reward parts for one reply: ``correct`` (1/0), ``close`` (0.3 x (1 - |error|/10), only
     when not correct) and ``form`` (0.2 for exactly ``a + b = c`` with the task's a and b)."""
     got, want = final_number(text), a + b
     correct = float(got == want)
-    close = 0.0 if correct or got is None else 0.3 * max(0.0, 1.0 - abs(got - want) / 10.0)
+    close = closeness(got, want)
     m = _FORM.match(text or "")
     form = 0.2 if m and (int(m.group(1)), int(m.group(2))) == (a, b) else 0.0
     return {"correct": correct, "close": close, "form": form}

@@ -13,7 +13,10 @@ harness can give (the vote and coordination rewards come from the spans, through
 ``massgen_recipe.toml``):
 
 * team (scope team): ``correct`` 1 when the final answer's last number is the right one;
-* each agent (scope agent): ``answer`` 1 when its own latest answer's last number is right.
+* each agent (scope agent): ``answer`` 1 when its own latest answer's last number is right,
+  and ``close``, the arithmetic demo's partial credit for a wrong number near the right one
+  (``arith.closeness``: up to 0.3), so that a round whose sampled answers are all wrong still
+  tells a nearer answer from a farther one.
 
 ``--structured`` (the default) sends vLLM a regular expression for the reply (``extra_body``
 ``structured_outputs``, MassGen passes it through): one Hermes-format call of ``new_answer``
@@ -104,7 +107,11 @@ def outcome(result: dict[str, Any], answer: int, agents: tuple[str, ...] = AGENT
     for item in result.get("answers") or []:  # in order: an agent's latest answer wins
         if isinstance(item, dict) and item.get("agent_id"):
             answers[item["agent_id"]] = str(item.get("content") or "")
-    right = {a: last_number(answers.get(a)) == answer for a in (*agents, *answers)}
+    from agl_bridge.trainer.loop.teams.arith import closeness
+
+    numbers = {a: last_number(answers.get(a)) for a in (*agents, *answers)}
+    right = {a: got == answer for a, got in numbers.items()}
+    close = {a: closeness(got, answer) for a, got in numbers.items()}
     votes_info = result.get("vote_results") or {}
     votes: dict[str, str] = {}
     for target, voters in (votes_info.get("voter_details") or {}).items():
@@ -118,7 +125,8 @@ def outcome(result: dict[str, Any], answer: int, agents: tuple[str, ...] = AGENT
     correct = selected is not None and last_number(final) == answer
     n = sum(counts.values())
     return {"selected_agent": selected, "final_answer": final[-300:], "correct": correct,
-            "answers": answers, "agent_correct": right, "votes": votes, "vote_counts": counts,
+            "answers": answers, "agent_correct": right, "agent_close": close, "votes": votes,
+            "vote_counts": counts,
             "vote_accuracy": (sum(right.get(t, False) for t in votes.values()) / len(votes)
                               if votes else None),
             "consensus": bool(selected) and n > 0 and 2 * counts.get(selected, 0) > n}
@@ -150,13 +158,13 @@ async def play(task: dict[str, Any], rollout: int, args: argparse.Namespace,
             agl_bridge.emit_reward({"correct": float(out["correct"])}, scope="team")
             for name in args.agents:
                 with agl_bridge.agent(name):
-                    agl_bridge.emit_reward(
-                        {"answer": float(out["agent_correct"][name])},
-                        scope="agent")
+                    agl_bridge.emit_reward({"answer": float(out["agent_correct"][name]),
+                                            "close": out["agent_close"][name]}, scope="agent")
     return {"task_id": task["task_id"], "rollout": rollout, "episode_id": episode_id,
             "a": a, "b": b, "score": float(out["correct"]), "success": out["correct"],
             "team_reward": float(out["correct"]), "seconds": round(time.perf_counter() - t0, 2),
-            "agent_reward": {a: float(out["agent_correct"][a]) for a in args.agents}, **out}
+            "agent_reward": {a: float(out["agent_correct"][a]) + out["agent_close"][a]
+                             for a in args.agents}, **out}
 
 
 def measures(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
