@@ -147,7 +147,7 @@ def convert(args: argparse.Namespace) -> int:
         stats = convert(args.spans, args.out, config,
                         max_rows_in_memory=args.max_rows_in_memory, progress=progress,
                         tune_allocators=True, part=part)
-    print(stats.summary())
+    print(stats.summary(config.algorithm))
     from agl_bridge.settings import record
 
     used = record(Path(args.out).with_suffix(".settings.json"), convert=config)
@@ -192,7 +192,7 @@ def train(args: argparse.Namespace) -> int:
                             adapters_dir=args.adapters_dir, **plain(parts[0][0]),
                             **plain(parts[1][0]))
     if run.conversion is not None:
-        print(run.conversion.summary())
+        print(run.conversion.summary(plain(parts[0][0])["algorithm"]))
     for name, path in run.adapters.items():
         print(f"adapter {name}: {path}")
     print(f"{run.steps} optimizer steps; metrics: {run.metrics_path}")

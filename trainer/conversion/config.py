@@ -148,13 +148,18 @@ class ConversionStats:
             else:
                 setattr(self, f.name, mine + theirs)
 
-    def summary(self) -> str:
-        lines = [f"{self.spans} spans, {self.episodes} episodes, {self.llm_spans} LLM calls -> "
-                 f"{self.transitions} transitions in {self.groups} groups "
-                 f"({self.zero_variance_groups} with zero reward variance)"
-                 + ("; baselines: " + ", ".join(f"{name} {n}" for name, n in
-                                                sorted(self.baselines.items()))
-                    if set(self.baselines) - {"group"} else "")]  # a fallback is named
+    def summary(self, algorithm: str | None = None) -> str:
+        """The counts as text. ``algorithm`` (the conversion's): under ``ppo`` the groups,
+        their reward variance and baselines are labelled as what the file holds, not what
+        trains (the critic's GAE advantages do; the file's group advantages are not read)."""
+        groups = (f"{self.groups} groups ({self.zero_variance_groups} with zero reward "
+                  "variance)" + ("; baselines: " + ", ".join(f"{name} {n}" for name, n in
+                                                            sorted(self.baselines.items()))
+                                 if set(self.baselines) - {"group"} else ""))  # a fallback
+        head = (f"{self.spans} spans, {self.episodes} episodes, {self.llm_spans} LLM calls -> "
+                f"{self.transitions} transitions")
+        lines = [f"{head}; ppo: trained on the critic's GAE advantages, not the file's group "
+                 f"advantages ({groups})" if algorithm == "ppo" else f"{head} in {groups}"]
         if self.rewards:
             r = sorted(self.rewards)
 

@@ -564,12 +564,13 @@ class Loop:
             from agl_bridge.trainer.rewards.evaluations import JOINED
 
             record["evaluations_joined"] = conv.notes.get(JOINED, 0)
-            record["conversion"] = conv.summary()
+            record["conversion"] = conv.summary(cfg.convert.algorithm)
         record.update({"trained": True, "adapters": {k: str(v) for k, v in run.adapters.items()},
                        "steps": run.steps, "metrics": str(run.metrics_path),
-                       "transitions": conv.transitions if conv else None,
-                       "zero_variance_groups": conv.zero_variance_groups if conv else None,
-                       "baselines": dict(conv.baselines) if conv else {}})
+                       "transitions": conv.transitions if conv else None})
+        if cfg.convert.algorithm != "ppo":  # ppo trains on its critic's advantages instead
+            record.update({"zero_variance_groups": conv.zero_variance_groups if conv else None,
+                           "baselines": dict(conv.baselines) if conv else {}})
         return {"adapters": record["adapters"], "transitions_path": str(run.transitions_path)}
 
     # -- evaluation, gate, publish, watch --------------------------------------------------

@@ -290,7 +290,9 @@ def write_report(work: Path, data: dict) -> Path:
                         [[r["round"], r.get("team", {}).get("episodes", "–"),
                           _pct(r["episodes"]["success"]) if "episodes" in r else "–",
                           _mean(r["episodes"]["team_reward"]) if "episodes" in r else "–",
-                          _changed(r), r.get("steps"), r.get("zero_variance_groups"),
+                          _changed(r), r.get("steps"),
+                          "–" if r.get("zero_variance_groups") is None  # ppo: none used
+                          else r["zero_variance_groups"],
                           _gate(r), ", ".join(r.get("published", {}).values()) or "–",
                           f"{r['seconds']:.0f}"] for r in data["rounds"]])]
         if data.get("served"):

@@ -18,6 +18,7 @@ Policy = Literal["shared", "per_agent_lora", "per_agent_model"]
 Objective = Literal["grpo", "sft"]
 Parallelism = Literal["data", "fsdp"]
 LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
+ValueHeadInit = Literal["mean_return", "zero"]
 
 
 class NothingToTrain(ValueError):
@@ -86,6 +87,12 @@ class GRPOConfig:
     cliprange_value: float = setting(
         0.2, help="ppo: how far a value prediction may move from its pre-update one before "
                   "the value loss is clipped (TRL's; verl's critic.cliprange_value)")
+    value_head_init: ValueHeadInit = setting(
+        "mean_return", help="ppo: a new value head's bias (none saved beside the version it "
+                            "continues): mean_return, the mean return of its first round's "
+                            "trained tokens (the critic starts on the returns' scale, which the "
+                            "clipped value loss lets it reach only cliprange_value a round), or "
+                            "zero")
     critic_learning_rate: float | None = setting(
         None, help="ppo: the value head's learning rate (verl's critic.optim.lr; unset: 10 x "
                    "learning_rate: the head starts from zero, the LoRA from the base)")

@@ -13,15 +13,21 @@ as in TRL's value-head PPO and OpenAI's original); the head's own gradients are 
 from the LoRA's, as verl clips its critic apart from its actor.
 
 One head per adapter (``per_agent_lora``: per agent; ``shared``: one), a ``Linear(H, 1)`` in
-float32 started at zero (every value 0 until it learns: no random baseline). It is saved beside
-the adapter it belongs to (``value_head.safetensors`` in the version directory, which vLLM
-ignores) and read back when training continues from that version.
+float32, its weight started at zero and its bias at the mean return of its first round
+(``value_head_init``, ``mean_returns``; or at zero): every value the same until it learns, no
+random baseline, and on the returns' scale from the start. The clipped value loss lets a
+prediction move at most ``cliprange_value`` a round, so a head at 0 under returns of 1 or 2
+would stay behind them for several rounds; TRL's PPO starts its value model from the reward
+model for the same reason. It is saved beside the adapter it belongs to
+(``value_head.safetensors`` in the version directory, which vLLM ignores) and read back when
+training continues from that version (then its bias is left as it was learnt).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ from agl_bridge.trainer.training.gae import chain_gae, chains, masked_whiten
 from agl_bridge.trainer.training.model import peft_name
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+logger = logging.getLogger(__name__)
 
 
 class ValueHeads(torch.nn.Module):
@@ -86,13 +93,47 @@ class ValueHeads(torch.nn.Module):
 
 def load_value_heads(names: Sequence[str], hidden_size: int,
                      init_adapters: dict[str, str | os.PathLike[str]],
-                     device: torch.device) -> ValueHeads:
-    """One head per name, from the version it continues (``init_adapters``) or at zero."""
+                     device: torch.device, start: Mapping[str, float] | None = None
+                     ) -> ValueHeads:
+    """One head per name, from the version it continues (``init_adapters``); a new one (no
+    head saved there) at zero, its bias at ``start[name]`` where given (``mean_returns``)."""
     heads = ValueHeads(names, hidden_size)
     for name in names:
-        if name in init_adapters:
-            heads.load(name, init_adapters[name])
+        if name in init_adapters and heads.load(name, init_adapters[name]):
+            continue
+        head = heads.heads[peft_name(name)]
+        if start is not None and name in start and isinstance(head, torch.nn.Linear):
+            torch.nn.init.constant_(head.bias, start[name])
+            logger.info("agl_bridge: value head %s starts at the mean return %.4f", name,
+                        start[name])
     return heads.to(device)
+
+
+def _chains_of(rows: Sequence[dict[str, Any]], mine: Sequence[int]) -> list[list[int]]:
+    """The chains (``gae.chains``) of rows ``mine``, as positions in ``mine``: one agent's
+    turns in one episode (and a tree-sampled candidate's own)."""
+    keys = [(rows[i]["episode_id"], rows[i]["agent_name"], rows[i].get("candidate_index"))
+            for i in mine]
+    return chains(keys, [rows[i]["turn_index"] for i in mine])
+
+
+def mean_returns(rows: Sequence[dict[str, Any]], *, gamma: float) -> dict[str, float]:
+    """Per adapter, the mean over its trained tokens of the return to the end of the token's
+    chain: the rewards at or after it, discounted by ``gamma`` per generated token (GAE's
+    return with ``lam`` 1 and no critic). A new value head's bias (``value_head_init =
+    "mean_return"``): the constant that fits the round's returns best in squared error, so
+    the critic starts on their scale and its clipped loss moves it from there. ``rows`` as
+    ``gae_targets``'; an adapter without a trained token gets 0."""
+    out: dict[str, float] = {}
+    for name in sorted({r["adapter"] for r in rows}):
+        mine = [i for i, r in enumerate(rows) if r["adapter"] == name]
+        masks = [torch.tensor(rows[i]["completion_mask"], dtype=torch.bool) for i in mine]
+        _, returns = chain_gae([torch.zeros(m.numel()) for m in masks], masks,
+                               [rows[i]["reward"] for i in mine], _chains_of(rows, mine),
+                               gamma=gamma, lam=1.0)
+        keep = torch.cat(masks)
+        out[name] = float(torch.cat(returns)[keep].double().mean()) if keep.any() else 0.0
+    return out
 
 
 def gae_targets(rows: Sequence[dict[str, Any]],
@@ -116,11 +157,8 @@ def gae_targets(rows: Sequence[dict[str, Any]],
             values += values_of(name, mine[s:s + batch_size])
         masks = [torch.tensor(rows[i]["completion_mask"], dtype=torch.bool,
                               device=values[0].device) for i in mine]
-        keys = [(rows[i]["episode_id"], rows[i]["agent_name"], rows[i].get("candidate_index"))
-                for i in mine]
-        rows_of_chains = chains(keys, [rows[i]["turn_index"] for i in mine])
         advantages, returns = chain_gae(values, masks, [rows[i]["reward"] for i in mine],
-                                        rows_of_chains, gamma=gamma, lam=lam)
+                                        _chains_of(rows, mine), gamma=gamma, lam=lam)
         flat = masked_whiten(torch.cat(advantages), torch.cat(masks))
         at = 0
         for j, i in enumerate(mine):

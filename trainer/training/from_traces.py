@@ -164,7 +164,8 @@ def _train_from_traces(traces, base_model, out: Path, adapter_name: str, init_ad
         if world > 1:
             _barrier()
         if stats is not None and stats.transitions == 0:
-            raise NothingToTrain(f"no transitions from {traces}:\n{stats.summary()}")
+            raise NothingToTrain(f"no transitions from {traces}:\n"
+                                 f"{stats.summary(convert_config.algorithm)}")
         if not transitions.exists():
             raise FileNotFoundError(f"{transitions}: rank 0's conversion is not there; under "
                                     "torchrun on several hosts, output_dir must be shared")
@@ -185,28 +186,29 @@ def _train_from_traces(traces, base_model, out: Path, adapter_name: str, init_ad
         "base_model": str(base_model),
         "settings": {"convert": settings.values(convert_config),
                      "train": settings.values(train_config)},
-        "conversion": stats.summary() if stats else None,
+        "conversion": stats.summary(convert_config.algorithm) if stats else None,
         "adapters": {k: str(v) for k, v in result.adapters.items()}, "steps": result.steps,
         "seconds": time.time() - t0,
     }, indent=2, default=str))
     if tracker is not None:
-        _track_outputs(tracker, run, stats, time.time() - t0)
+        _track_outputs(tracker, run, stats, time.time() - t0, convert_config.algorithm)
     return run
 
 
 def _track_outputs(tracker: Tracker, run: TrainRun, stats: ConversionStats | None,
-                   seconds: float) -> None:
-    """What a run leaves, for the tracker: the conversion's counts, the time, the adapters'
-    metadata, ``run.json`` and ``metrics.jsonl``."""
+                   seconds: float, algorithm: str | None = None) -> None:
+    """What a run leaves, for the tracker: the conversion's counts (under ``ppo`` not its
+    groups: the critic's advantages train), the time, the adapters' metadata, ``run.json``
+    and ``metrics.jsonl``."""
     from agl_bridge.trainer.adapters import METADATA_FILE
 
     summary: dict[str, Any] = {"steps": run.steps, "seconds": seconds}
     if stats is not None:
         summary.update(transitions=stats.transitions, episodes=stats.episodes,
-                       llm_spans=stats.llm_spans, groups=stats.groups,
-                       zero_variance_groups=stats.zero_variance_groups,
-                       skipped=sum(stats.skipped.values()))
-        tracker.log_text("conversion.txt", stats.summary())
+                       llm_spans=stats.llm_spans, skipped=sum(stats.skipped.values()))
+        if algorithm != "ppo":
+            summary.update(groups=stats.groups, zero_variance_groups=stats.zero_variance_groups)
+        tracker.log_text("conversion.txt", stats.summary(algorithm))
     tracker.log_metrics(summary, run.steps, prefix="run/")
     for name, directory in sorted(run.adapters.items()):
         tracker.log_artifact(directory / METADATA_FILE, f"adapters/{name}/{directory.name}")

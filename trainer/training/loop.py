@@ -59,7 +59,12 @@ from agl_bridge.trainer.training.config import (
     TrainResult,
     check_algorithm,
 )
-from agl_bridge.trainer.training.critic import ValueHeads, gae_targets, load_value_heads
+from agl_bridge.trainer.training.critic import (
+    ValueHeads,
+    gae_targets,
+    load_value_heads,
+    mean_returns,
+)
 from agl_bridge.trainer.training.data import batches, collate, pack_rows, read_transitions
 from agl_bridge.trainer.training.distributed import (
     all_reduce_grads,
@@ -248,13 +253,17 @@ def _train(rows: list[dict[str, Any]], base_model, adapters_root, names: list[st
     world, rank = world_and_rank()  # the process group first: FSDP shards over it
     sharded = cfg.parallelism == "fsdp" and world > 1
     mixed = sharded and torch.cuda.is_available() and cfg.bf16 in (None, True)
+    # ppo: a new value head starts at its round's mean return (value_head_init)
+    value_start = (mean_returns(rows, gamma=gamma)
+                   if ppo and cfg.value_head_init == "mean_return" else None)
     if sharded:  # ppo: the value heads sharded too (sharding.py says why)
         model, forward, device = load_sharded(base_model, cfg, names, init_adapters, mixed,
-                                              critic=ppo)
+                                              critic=ppo, start=value_start)
     else:
         model, device = load_policy(base_model, cfg, names, init_adapters)
         forward = PolicyForward(model, load_value_heads(
-            names, model.config.hidden_size, init_adapters, device) if ppo else None)
+            names, model.config.hidden_size, init_adapters, device, value_start)
+            if ppo else None)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     mask_dtype = torch.bfloat16 if mixed else model.dtype
     params = trainable(model)  # under FSDP: the ranks' shards (DTensors)

@@ -97,14 +97,16 @@ def shard(model: Any, device: torch.device, mixed_precision: bool,
 
 
 def load_sharded(base_model: Any, cfg: Any, names: list[str], init_adapters: dict[str, Any],
-                 mixed_precision: bool, critic: bool = False
+                 mixed_precision: bool, critic: bool = False,
+                 start: dict[str, float] | None = None
                  ) -> tuple[Any, PolicyForward, torch.device]:
     """The policy, sharded, with the base read once per job: rank 0 reads the weights into
     CPU memory; the other ranks build the structure on the meta device (no memory); all
     shard it, and rank 0's weights (base, adapters, buffers) are broadcast, each rank keeping
     its shard. Host memory: one copy of the model on rank 0's host, not one per rank.
     ``critic``: PPO's value heads too (``forward.critic``), rank 0's read beside the adapters
-    they continue (``init_adapters``) and broadcast with the rest."""
+    they continue (``init_adapters``; a new one's bias at ``start``: ``critic.mean_returns``)
+    and broadcast with the rest."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -114,7 +116,8 @@ def load_sharded(base_model: Any, cfg: Any, names: list[str], init_adapters: dic
     model, device = load_policy(base_model, cfg, names, init_adapters,
                                 placement="cpu" if rank == 0 else "meta")
     heads = (load_value_heads(names, model.config.hidden_size,
-                              init_adapters if rank == 0 else {}, torch.device("cpu"))
+                              init_adapters if rank == 0 else {}, torch.device("cpu"),
+                              start if rank == 0 else None)
              if critic else None)
     # rank 0's whole weights, held until broadcast (the sharded module's keys: "model." ...)
     full = PolicyForward(model, heads).state_dict() if rank == 0 else {}

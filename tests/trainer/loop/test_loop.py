@@ -676,13 +676,15 @@ def test_the_loop_trains_with_ppo_and_each_round_continues_the_critic(tmp_path, 
     """Issue 34: ``agl-bridge loop`` with ``[convert] algorithm = "ppo"``: each round trains
     the solver's adapter with a value head beside it, gates and publishes it, and the next
     round continues both from the live version: its critic starts where round 0's ended (a
-    new head predicts 0 on its first micro-batch; round 1's does not)."""
+    new head started at zero, ``[train] value_head_init = "zero"``, predicts 0 on its first
+    micro-batch; round 1's does not). The round records hold no GRPO group statistics (ppo
+    does not train on them) and the conversion's line says so."""
     from safetensors.torch import load_file
 
     from agl_bridge.trainer.training.critic import VALUE_HEAD_FILE
 
     with server_for(bad=set()) as server:
-        config = _ppo_loop_file(tmp_path, tiny, server)
+        config = _ppo_loop_file(tmp_path, tiny, server, extra='value_head_init = "zero"\n')
         run = subprocess.run([sys.executable, "-m", "agl_bridge.cli", "loop", "--config",
                               str(config)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -690,6 +692,9 @@ def test_the_loop_trains_with_ppo_and_each_round_continues_the_critic(tmp_path, 
     r0, r1 = data["rounds"]
     assert r0["published"] == {"solver": "solver@v1"} and r1["published"] == {"solver": "solver@v2"}
     assert r0["transitions"] == 8 and data["live"] == {"solver": "solver@v2"}
+    for r in (r0, r1):
+        assert "zero_variance_groups" not in r and "baselines" not in r
+        assert "ppo: trained on the critic's GAE advantages" in r["conversion"]
     versions = tmp_path / "loop" / "adapters" / "solver"
     heads = [load_file(str(versions / v / VALUE_HEAD_FILE)) for v in ("v0001", "v0002")]
     assert heads[0]["bias"].item() > 0.0  # every episode was rewarded 1

@@ -68,3 +68,18 @@ def test_the_summary_and_the_page_show_them(tmp_path):
     assert "Prompt versions: how their episodes did" in page
     assert "<td>checker@p0,solver@p2</td><td>3</td><td>0.700 [0.474, 0.926]</td><td>live</td>" \
         in page.replace("\n", "")
+
+
+def test_a_ppo_round_shows_no_zero_variance_groups(tmp_path):
+    """Issue 34 review: a ppo round's record holds no GRPO group statistics (its critic's
+    advantages train); the per-round table shows a dash there, a GRPO round its count."""
+    settings = {"model": "m", "task": "retry", "tasks_per_round": 4, "rollouts": 2,
+                "temperature": 1.0, "eval_size": 4, "convert": {"algorithm": "ppo", "alpha": 1},
+                "train": {"policy": "per_agent_lora", "learning_rate": 1e-4}}
+    base = {"transitions": 8, "steps": 1, "published": {"solver": "solver@v1"},
+            "seconds": 30.0}
+    page = write_report(tmp_path, state(settings=settings, rounds=[
+        {"round": 0, **base}, {"round": 1, **base, "zero_variance_groups": 3}])).read_text()
+    cells = page.replace("\n", "")
+    assert "<td>0</td><td>–</td><td>–</td><td>–</td><td>8</td><td>1</td><td>–</td>" in cells
+    assert "<td>1</td><td>–</td><td>–</td><td>–</td><td>8</td><td>1</td><td>3</td>" in cells

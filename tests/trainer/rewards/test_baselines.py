@@ -48,6 +48,19 @@ def test_the_default_falls_back_to_the_batch_and_says_so_in_the_summary_line():
     assert stats.summary().splitlines()[0].endswith("; baselines: batch 4")
 
 
+def test_under_ppo_the_summary_line_labels_the_groups_as_unused():
+    """Issue 34 review: ppo trains on its critic's GAE advantages; the file's groups, their
+    reward variance and baselines are said to be the file's, not presented as what trained."""
+    cfg = ConvertConfig(algorithm="ppo")
+    _, stats = spans_to_transitions(table(live([1.0, 0.0, 0.5, 0.5])), cfg)
+    line = stats.summary(cfg.algorithm).splitlines()[0]
+    assert line.endswith("-> 4 transitions; ppo: trained on the critic's GAE advantages, not "
+                         "the file's group advantages (1 groups (0 with zero reward variance)"
+                         "; baselines: batch 4)")
+    assert stats.summary().splitlines()[0].endswith(
+        "-> 4 transitions in 1 groups (0 with zero reward variance); baselines: batch 4")
+
+
 def test_batch_normalises_per_agent_and_turn_over_the_output():
     out, stats = spans_to_transitions(table(live([1.0, 0.0, 0.5, 0.5])),
                                       ConvertConfig(baseline="batch"))

@@ -10,7 +10,11 @@ kernels sum in the same order; the reduce-scatter adds the two ranks' gradients 
 them, which is what local accumulation of two halved micro-batch gradients does. GRPO's
 tolerance: 1e-5 absolute on losses and final LoRA weights (observed: 2e-7 when the single
 process ran two threads). PPO's: 1e-6 on every per-micro-batch metric (losses, values,
-returns, advantages) and on the final LoRA weights and value heads; observed: bit-identical.
+returns, advantages), 1e-5 on the final LoRA weights and value heads; observed: metrics within
+5e-7, LoRA weights within 5e-6 after 8 steps, heads within 1e-7, from the gradient-norm clip
+(its norm summed shard by shard under FSDP, as a whole in one process: bit-identical with
+``max_grad_norm`` 1e9, checked; and with the value heads started at zero, where no clipped
+step happened to round differently).
 Why the single thread matters: Adam's first step moves a weight by ``lr * g / (|g| + eps)``,
 so a gradient that differs in its last bits (another summation order) can move a weight by up
 to ``lr * diff / eps``; with two threads in the single process the critic's values differed
@@ -156,13 +160,16 @@ def test_ppo_under_fsdp_trains_what_one_process_does_and_resumes_critic_included
     for key in PPO_METRICS:
         assert _interleave(two, key) == pytest.approx(one[0][key], abs=1e-6), key
     values = one[0]["value_mean"]
-    assert values[:4] == [0.0] * 4 and max(abs(v) for v in values) > 0.1  # the critic learned
+    # each new head starts at its agent's mean return (both agents' rewards alike: the
+    # returns to the chain's end at gamma 0.9, 0.382 over the trained tokens), and learns
+    assert values[:4] == pytest.approx([0.382] * 4, abs=1e-3)
+    assert max(abs(v - values[0]) for v in values) > 0.1
     assert any(abs(a) > 0.1 for a in one[0]["advantage_mean"])  # per-token credit, not all 0
     for name in ("a", "b"):
         a = _weights(tmp_path / "one" / "adapters", name, "v0001")
         b = _weights(tmp_path / "two" / "adapters", name, "v0001")
         assert a.keys() == b.keys() and {"head.weight", "head.bias"} <= set(b)
-        assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), name
+        assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), name
         assert b["head.weight"].abs().sum() > 0 and b["head.weight"].shape == (1, 64)
 
     # stopped after 2 steps, checkpointing each: the critic is in the shards, the GAE targets

@@ -1,5 +1,6 @@
 """``algorithm = "ppo"`` on the tiny random model: the critic learns (its value loss falls and
-its prediction comes to track a fixed reward), is saved beside its adapter and read back, is
+its prediction comes to track a fixed reward; a new one starts at its round's mean return), is
+saved beside its adapter and read back, is
 checkpointed with the policy (a resumed run equals one never stopped), with the shared and
 per-agent policies; and the conversion places each reward at the end of its turn."""
 
@@ -49,17 +50,17 @@ def value_losses(result, adapter):
 
 def test_the_value_loss_falls_and_the_critic_comes_to_predict_a_fixed_reward(tiny, tmp_path):
     """Every episode ends with reward 1 (gamma 1, lam 1: every trained token's return is 1).
-    The head starts at 0 (value loss 0.5); trained (a wide cliprange_value: the default keeps
-    one round's move within 0.2), the next round's critic (read back from beside the adapter)
-    predicts about 1 before any update of its own."""
+    The head starts at 0 here (``value_head_init = "zero"``: value loss 0.5); trained (a wide
+    cliprange_value: the default keeps one round's move within 0.2), the next round's critic
+    (read back from beside the adapter) predicts about 1 before any update of its own."""
     data = episodes([1.0] * 4)
-    clipped = train_policy(data, tiny, tmp_path / "clip", config=config(), algorithm="ppo",
-                           progress=False)
+    clipped = train_policy(data, tiny, tmp_path / "clip", config=config(value_head_init="zero"),
+                           algorithm="ppo", progress=False)
     # cliprange_value 0.2: within a round, no prediction is pulled past 0.2 from its
     # pre-update 0 (TRL's and verl's clip): 0.5 * (1 - 0.2)^2 = 0.32 is where the loss stops
     assert clipped.metrics[-1]["value_loss"] == pytest.approx(0.32, abs=0.01)
-    first = train_policy(data, tiny, tmp_path / "a", config=config(cliprange_value=10.0),
-                         algorithm="ppo", progress=False)
+    first = train_policy(data, tiny, tmp_path / "a", algorithm="ppo", progress=False,
+                         config=config(cliprange_value=10.0, value_head_init="zero"))
     losses = value_losses(first, "policy")
     assert losses[0] == pytest.approx(0.5, abs=1e-6)  # values 0, returns 1
     # Adam's momentum overshoots a fixed target, then settles: the last steps' mean
@@ -79,6 +80,65 @@ def test_the_value_loss_falls_and_the_critic_comes_to_predict_a_fixed_reward(tin
     before = second.metrics[0]  # the pre-update values are the first round's critic's
     assert before["value_mean"] == pytest.approx(1.0, abs=0.3)
     assert before["value_loss"] < 0.1 * losses[0]
+
+
+def test_mean_returns_per_adapter_discount_per_generated_token():
+    """A new head's bias: the mean over an adapter's trained tokens of the return to its
+    chain's end. Agent a: one chain of two turns (3 trained tokens, then 2 masked observation
+    tokens and 2 trained), reward 1 at the end; gamma 0.5 per generated token: returns 1/16,
+    1/8, 1/4 | 1/2, 1 (the masked tokens are no steps). Agent b: two one-turn chains of two
+    tokens, rewards 2 and -1 on their last: returns 1, 2 and -1/2, -1. An adapter with no
+    trained token: 0."""
+    from agl_bridge.trainer.training.critic import mean_returns
+
+    def row(adapter, episode, agent, turn, mask, reward):
+        return {"adapter": adapter, "episode_id": episode, "agent_name": agent,
+                "turn_index": turn, "completion_mask": mask, "reward": reward}
+
+    rows = [row("a", "e0", "a", 1, [0, 0, 1, 1], 1.0), row("b", "e0", "b", 0, [1, 1], 2.0),
+            row("a", "e0", "a", 0, [1, 1, 1], 0.0), row("b", "e1", "b", 0, [1, 1], -1.0),
+            row("c", "e0", "c", 0, [0, 0], 5.0)]
+    got = mean_returns(rows, gamma=0.5)
+    assert got == pytest.approx({"a": (1 / 16 + 1 / 8 + 1 / 4 + 1 / 2 + 1) / 5,
+                                 "b": (1 + 2 - 1 / 2 - 1) / 4, "c": 0.0})
+    assert mean_returns(rows, gamma=1.0)["a"] == pytest.approx(1.0)
+
+
+def test_a_new_critic_starts_at_its_first_rounds_mean_return(tiny, tmp_path):
+    """Rewards as the retry team's before its reward was counted once (2.0 right, -0.4 wrong):
+    far from 0. A new head starts at the round's mean return (gamma 0.9 per generated token:
+    each episode's 5 trained tokens get 0.9^4..0.9^0 of its reward), so on the first
+    micro-batch (the whole round; lam 1: the returns do not depend on the values) the
+    critic's mean value is the mean return; at zero (as before ``value_head_init``) it is
+    1.15 below it, and the clipped loss (0.2 a token from its pre-update value) keeps it far
+    below all round. The next round reads the head back beside the adapter and keeps its
+    learnt bias."""
+
+    def gap(result):  # the round's mean |value - return| over its micro-batches
+        return sum(abs(m["value_mean"] - m["return_mean"]) for m in result.metrics) / len(
+            result.metrics)
+
+    data = episodes([2.0, -0.4, 2.0, 2.0])
+    mean = (2.0 - 0.4 + 2.0 + 2.0) / 4 * sum(0.9 ** k for k in range(5)) / 5
+    kw = dict(algorithm="ppo", progress=False, gamma=0.9)
+    fresh = train_policy(data, tiny, tmp_path / "a", **kw,
+                         config=config(num_train_epochs=4, per_device_train_batch_size=8))
+    first = fresh.metrics[0]
+    assert first["return_mean"] == pytest.approx(mean, abs=1e-5)
+    assert first["value_mean"] == pytest.approx(mean, abs=1e-5)
+    assert gap(fresh) < 0.15  # 0.09 over the 4 micro-batches
+    zero = train_policy(data, tiny, tmp_path / "z", **kw, config=config(
+        num_train_epochs=4, per_device_train_batch_size=8, value_head_init="zero"))
+    assert zero.metrics[0]["value_mean"] == 0.0
+    assert gap(zero) > 0.6  # 0.87: 0, 0.32, 0.47, 0.53 against 1.15
+    bias = load_file(str(fresh.adapter_dir / VALUE_HEAD_FILE))["bias"].item()
+    later = train_policy(episodes([0.0] * 4), tiny, tmp_path / "a", **kw,
+                         init_adapters={"policy": fresh.adapter_dir},
+                         config=config(num_train_epochs=1, per_device_train_batch_size=8))
+    assert load_file(str(later.adapter_dir / VALUE_HEAD_FILE))["bias"].item() != 0.0
+    assert later.metrics[0]["value_mean"] == pytest.approx(
+        fresh.metrics[-1]["value_mean"], abs=0.3)  # not the new round's mean return, 0
+    assert bias != pytest.approx(mean, abs=1e-6)  # it learnt from there
 
 
 def test_rewards_move_the_policy_through_per_token_advantages(tiny, tmp_path):
