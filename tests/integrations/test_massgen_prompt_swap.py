@@ -26,6 +26,7 @@ from agl_bridge.trainer.loop.gate import Scores
 from agl_bridge.trainer.serving.prompts import PromptRegistry
 from tests.integrations.test_massgen_integration import massgen_script
 from tests.massgen_venv import RUNNER
+from tests.recording_optimizer import RecordingOptimizer
 from tests.scripted_server import ScriptedServer
 
 OWN = {"agent_a": "You are agent A's own prompt.", "agent_b": "You are agent B's own prompt."}
@@ -117,22 +118,6 @@ def test_a_table_that_cannot_be_used_never_fails_a_massgen_call(massgen_python, 
     assert identities(requests["agent_a"]) == {OWN["agent_a"]}  # its own prompt
     assert {s[sc.PROMPT_VERSION] for s in spans["agent_a"]} == {"agent_a@p0"}
     assert "AGL_BRIDGE_PROMPTS" in stderr  # reported, naming the variable
-
-
-class RecordingOptimizer:
-    """An optimizer that keeps the prompt each critique and rewrite was given and proposes
-    nothing new (so no candidate is played)."""
-
-    def __init__(self) -> None:
-        self.prompts: list[str] = []
-
-    def critique(self, agent, prompt, best, worst):
-        self.prompts.append(prompt)
-        return "Add the numbers first."
-
-    def rewrite(self, agent, prompt, critique, temperature):
-        self.prompts.append(prompt)
-        return None
 
 
 def test_apo_reads_a_massgen_agents_own_prompt_and_its_version_goes_to_the_identity(

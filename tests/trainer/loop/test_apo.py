@@ -33,6 +33,7 @@ from agl_bridge.trainer.loop.team import run_team
 from agl_bridge.trainer.serving.prompts import PromptRegistry
 from tests.factories import llm, openinference_call, reward, table
 from tests.paths import AGENTS
+from tests.recording_optimizer import RecordingOptimizer
 from tests.scripted_server import ScriptedServer
 
 TEAM = f"{sys.executable} {AGENTS / 'apo_team.py'}"
@@ -317,20 +318,6 @@ def test_agl_bridge_apo_on_another_instrumentors_traces(tmp_path, capsys):
 
 
 # -- a framework's message around the agent's own prompt (MassGen) ---------------------------
-class RecordingOptimizer:
-    """An optimizer that keeps the prompt each critique and rewrite was given and proposes
-    nothing new (so no candidate is played)."""
-
-    def __init__(self) -> None:
-        self.prompts: list[str] = []
-
-    def critique(self, agent, prompt, best, worst):
-        self.prompts.append(prompt)
-        return "Say the number."
-
-    def rewrite(self, agent, prompt, critique, temperature):
-        self.prompts.append(prompt)
-        return None
 
 
 def massgen_call(episode, t, agent, own):
