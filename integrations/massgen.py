@@ -30,6 +30,9 @@ So the integration wraps
   model's doing and are not recorded.
 
 One tracker is one MassGen run: one episode (the one in scope when MassGen starts, else new).
+A model call belongs to the run whose tracker was made in its context (MassGen's agent tasks
+are started from the run's own task, so they carry it): concurrent runs in one process use the
+same agent ids, and an agent id alone would give every call to the latest run.
 """
 
 from __future__ import annotations
@@ -84,6 +87,12 @@ _IN_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("agl_bridge_mass
                                                                default=False)
 
 
+# the run whose tracker was made in this context (set by the tracker's __init__ in the run's
+# task, inherited by the tasks MassGen starts from it)
+_RUN: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("agl_bridge_massgen_run",
+                                                                      default=None)
+
+
 @dataclass
 class _Session:
     episode_id: str
@@ -99,7 +108,7 @@ class _Sessions:
         self._order: list[int] = []
         self._lock = threading.Lock()
 
-    def add(self, tracker: Any) -> None:
+    def add(self, tracker: Any) -> _Session:
         scope = current_scope()
         session = _Session(scope.get("episode_id") or uuid.uuid4().hex, scope.get("task_id"),
                            weakref.ref(tracker))
@@ -110,12 +119,19 @@ class _Sessions:
             for key in [k for k in self._order if self._by_tracker[k].tracker() is None]:
                 self._order.remove(key)
                 del self._by_tracker[key]
+        return session
 
     def of_tracker(self, tracker: Any) -> _Session | None:
         return self._by_tracker.get(id(tracker))
 
-    def of_agent(self, agent_id: str | None) -> _Session | None:
-        """The latest run that has this agent."""
+    def of_call(self, agent_id: str | None) -> _Session | None:
+        """The run a model call belongs to: the one whose tracker was made in the call's
+        context, else (a call from a context MassGen's run did not start) the latest run that
+        has this agent."""
+        run = _RUN.get()
+        tracker = run.tracker() if run is not None else None
+        if tracker is not None and agent_id in (getattr(tracker, "agent_ids", None) or ()):
+            return run
         with self._lock:
             for key in reversed(self._order):
                 session = self._by_tracker[key]
@@ -199,7 +215,7 @@ class MassGenInstrumentor(Instrumentor):
     # -- runs ------------------------------------------------------------------------------
     def _tracker_init(self, wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
-        self._sessions.add(instance)
+        _RUN.set(self._sessions.add(instance))
         return result
 
     def _orchestrator_init(self, wrapped, instance, args, kwargs):
@@ -233,7 +249,7 @@ class MassGenInstrumentor(Instrumentor):
     # -- model calls -----------------------------------------------------------------------
     def _stream_with_tools(self, wrapped, instance, args, kwargs):
         agent = kwargs.get("agent_id")
-        session = self._sessions.of_agent(agent)
+        session = self._sessions.of_call(agent)
         if session is None or _IN_CALL.get():
             return wrapped(*args, **kwargs)
         turn = session.activations[agent]

@@ -134,6 +134,22 @@ def test_reply_regex_admits_what_massgen_parses():
     assert not re.fullmatch(regex, ok[0].replace("26", "twenty-six"))
 
 
+def test_operands_format_pins_the_questions_numbers():
+    import re
+
+    regex = massgen_arith.reply_regex(2, massgen_arith.answer_regex("operands", 17, 9))
+    call = '<tool_call>{"name": "new_answer", "arguments": {"content": "%s"}}</tool_call>'
+    assert re.fullmatch(regex, call % "17 + 9 = 26")
+    assert re.fullmatch(regex, call % "17 + 9 = 1234567")  # the sum is the model's to write
+    assert not re.fullmatch(regex, call % "12345 + 9 = 26")  # the operands are not
+    assert not re.fullmatch(regex, call % "17 + 9 = 12345678")
+    assert massgen_arith.answer_regex("equation", 17, 9) == massgen_arith.ANSWER_FORMATS[
+        "equation"]
+    with pytest.raises(SystemExit):  # a word problem's numbers are the task: refused
+        massgen_arith.main(["--base-url", "http://h/v1", "--tasks", "t.jsonl",
+                            "--answer-format", "operands", "--question", "story"])
+
+
 def test_config_asks_each_agent_for_its_alias_with_bounded_answers():
     cfg = massgen_arith.massgen_config("http://h/v1", temperature=0.6, max_tokens=96,
                                        structured=False, agents=("x", "y", "z"))
@@ -143,3 +159,50 @@ def test_config_asks_each_agent_for_its_alias_with_bounded_answers():
                for a in cfg["agents"])
     assert cfg["orchestrator"]["max_new_answers_per_agent"] == 2
     assert isinstance(Path(TEAM), Path) and TEAM.is_file()
+
+
+def test_concurrent_runs_keep_their_own_calls(massgen_python, tmp_path):
+    """Several MassGen runs at once in one process (the team program runs 8) use the same
+    agent ids: each model call must land in its own run's episode. Found in a measured run,
+    where one episode held 47 calls and seven of its neighbours none, so answers were trained
+    with other tasks' rewards."""
+    import re
+
+    sums = [(3, 4), (11, 5), (20, 9), (32, 3)]
+    (tmp_path / "tasks.jsonl").write_text("".join(
+        json.dumps({"task_id": f"t{a}+{b}", "a": a, "b": b}) + "\n" for a, b in sums))
+
+    def script(body):  # each agent answers its question right, then votes for agent1
+        tools = {t["function"]["name"] for t in body.get("tools") or []}
+        text = json.dumps(body.get("messages"))
+        a, b = map(int, re.search(r"What is (\d+) \+ (\d+)\?", text).groups())
+        if "vote" in tools and "(no answers available yet)" not in text:
+            return "", [call("vote", agent_id="agent1", reason="ok")]
+        return "", [call("new_answer", content=f"{a} + {b} = {a + b}")]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
+    env.update(AGL_BRIDGE_AUTO="1", AGL_BRIDGE_PARQUET_DIR=str(tmp_path / "traces"),
+               AGL_BRIDGE_CAPTURE="messages", AGL_BRIDGE_TASKS=str(tmp_path / "tasks.jsonl"),
+               AGL_BRIDGE_RESULTS=str(tmp_path / "results.jsonl"), OTEL_SERVICE_NAME="team")
+    with ScriptedServer(vllm=True, script=script, completion_ids=IDS) as server:
+        out = subprocess.run([str(massgen_python), str(TEAM), "--base-url", server.base_url,
+                              "--question", "sum", "--concurrency", "4"],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = [json.loads(line) for line in
+               (tmp_path / "results.jsonl").read_text().splitlines()]
+    episode_task = {r["episode_id"]: r["task_id"] for r in results}
+    assert len(episode_task) == 4 and all(r["success"] for r in results)
+    rows = [r for f in (tmp_path / "traces").rglob("*.parquet")
+            for r in pq.read_table(f, columns=["episode_id", "task_id", "operation_name",
+                                               "attributes"]).to_pylist()
+            if r["operation_name"] == "chat"]
+    calls: dict[str, int] = {}
+    for row in rows:
+        question = re.search(r"What is (\d+) \+ (\d+)\?", str(row["attributes"]))
+        assert question, row["attributes"][:300]
+        # the call's own question is its episode's task
+        assert f"t{question[1]}+{question[2]}" == episode_task[row["episode_id"]] \
+            == row["task_id"]
+        calls[row["episode_id"]] = calls.get(row["episode_id"], 0) + 1
+    assert set(calls) == set(episode_task)  # every run has its calls
