@@ -131,7 +131,7 @@ def team_commands(task: str, branch: int = 0) -> tuple[str, str]:
     if task == "massgen":  # the real MassGen, in its own environment (it pins openai 2.2)
         from agl_bridge.trainer.loop.teams.massgen_env import build_massgen_python
 
-        command = f"{build_massgen_python()} -m {module} --question sum"
+        command = f"{build_massgen_python()} -m {module} --question sum --answer-format operands"
         return command, command
     plain = f"python -m {module} --reward {task}"
     return (f"{plain} --branch {branch}" if branch else plain), plain

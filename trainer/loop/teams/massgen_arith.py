@@ -57,7 +57,18 @@ _INT = re.compile(r"-?\d+")
 _TEXT = r'[^"\\\n<>]'
 ANSWER_FORMATS = {"number": r"-?[0-9]{1,7}",
                   "equation": r"[0-9]{1,5} \+ [0-9]{1,5} = -?[0-9]{1,7}",
+                  # the question's own a and b, filled in per task (``answer_regex``)
+                  "operands": r"{a} \+ {b} = -?[0-9]{{1,7}}",
                   "text": _TEXT + "{1,60}"}
+
+
+def answer_regex(answer_format: str, a: int, b: int) -> str:
+    """The regex of a new answer's content for one task. ``operands`` pins the question's
+    numbers, so that the model writes only the sum: SmolLM2 sampled at 0.4 wrote operands of
+    its own (``12345 + 6 = 12345``) in about half of its answers to plain sums. It is for
+    ``--question sum`` only: in a word problem, which numbers to add is the task."""
+    return ANSWER_FORMATS[answer_format].format(a=a, b=b) if answer_format == "operands" \
+        else ANSWER_FORMATS[answer_format]
 
 
 def reply_regex(agents: int, answer: str = ANSWER_FORMATS["equation"]) -> str:
@@ -78,14 +89,14 @@ def last_number(text: str | None) -> int | None:
 
 def massgen_config(base_url: str, *, temperature: float, max_tokens: int,
                    structured: bool, agents: tuple[str, ...] = AGENTS, max_answers: int = 2,
-                   answer_format: str = "equation",
+                   answer: str = ANSWER_FORMATS["equation"],
                    timeout_s: int = 300) -> dict[str, Any]:
     """MassGen's config: one chat-completions backend per agent, its model the agent's alias.
     No filesystem or MCP tools (no ``cwd``), no change document (it is a coding-agent
     journal). ``max_answers`` new answers per agent, then it may only vote: an agent that
     always answers anew would restart the others forever. ``api_key`` stays out (MassGen
     refuses it twice): ``OPENAI_API_KEY`` is read."""
-    regex = reply_regex(len(agents), ANSWER_FORMATS[answer_format])
+    regex = reply_regex(len(agents), answer)
     extra = {"structured_outputs": {"regex": regex}} if structured else None
     backend = {"type": "chatcompletion", "base_url": base_url, "temperature": temperature,
                "max_tokens": max_tokens}
@@ -144,7 +155,8 @@ async def play(task: dict[str, Any], rollout: int, args: argparse.Namespace,
         a=a, b=b, story=task.get("story") or make_story(a, b, task["task_id"]))
     config = massgen_config(args.base_url, temperature=args.temperature,
                             max_tokens=args.max_tokens, structured=args.structured,
-                            agents=args.agents, answer_format=args.answer_format,
+                            agents=args.agents,
+                            answer=answer_regex(args.answer_format, a, b),
                             max_answers=args.max_answers)
     async with sem:
         with agl_bridge.episode(task_id=task["task_id"]) as episode_id:
@@ -240,11 +252,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="story: a word problem with distracting numbers; sum: a plain a + b")
     ap.add_argument("--answer-format", choices=sorted(ANSWER_FORMATS), default="equation",
                     help="with --structured: what a new answer's content may be (equation: "
-                         "'a + b = c', which lets a small model write the numbers first)")
+                         "'a + b = c', which lets a small model write the numbers first; "
+                         "operands: 'a + b = c' with the question's own a and b, for "
+                         "--question sum)")
     ap.add_argument("--structured", action=argparse.BooleanOptionalAction, default=True,
                     help="constrain each reply to one workflow tool call (vLLM regex)")
     args = ap.parse_args(argv)
     args.agents = tuple(args.agents)
+    if args.answer_format == "operands" and args.question != "sum":
+        ap.error("--answer-format operands gives away a word problem's numbers: "
+                 "use it with --question sum")
     if not args.base_url or not args.tasks:
         ap.error("--base-url (or OPENAI_BASE_URL) and --tasks (or AGL_BRIDGE_TASKS) are needed")
     os.environ.setdefault("OPENAI_API_KEY", "unused")
