@@ -206,3 +206,16 @@ def test_concurrent_runs_keep_their_own_calls(massgen_python, tmp_path):
             == row["task_id"]
         calls[row["episode_id"]] = calls.get(row["episode_id"], 0) + 1
     assert set(calls) == set(episode_task)  # every run has its calls
+
+
+@pytest.mark.parametrize("got, want, credit", [
+    (36, 36, 0.0),  # right: the answer reward pays
+    (None, 36, 0.0),  # no number
+    (35, 36, 0.27),  # closeness: 0.3 x (1 - 1/10)
+    (76, 36, 0.15),  # 32 + 4 as SmolLM2 adds it: the ones digit in place, 1 of 2
+    (98, 40, 0.0),  # no digit in place, 58 away
+    (136, 36, 0.2),  # two of three digits in place
+    (-36, 36, 0.0),  # the wrong sign has nothing in place
+])
+def test_partial_credit(got, want, credit):
+    assert massgen_arith.partial_credit(got, want) == pytest.approx(credit)

@@ -14,9 +14,9 @@ harness can give (the vote and coordination rewards come from the spans, through
 
 * team (scope team): ``correct`` 1 when the final answer's last number is the right one;
 * each agent (scope agent): ``answer`` 1 when its own latest answer's last number is right,
-  and ``close``, the arithmetic demo's partial credit for a wrong number near the right one
-  (``arith.closeness``: up to 0.3), so that a round whose sampled answers are all wrong still
-  tells a nearer answer from a farther one.
+  and ``close``, partial credit for a wrong number (``partial_credit``: near the right one, or
+  with some of its digits in place; up to 0.3), so that a round whose sampled answers are all
+  wrong still tells a nearer answer from a farther one.
 
 ``--structured`` (the default) sends vLLM a regular expression for the reply (``extra_body``
 ``structured_outputs``, MassGen passes it through): one Hermes-format call of ``new_answer``
@@ -118,11 +118,9 @@ def outcome(result: dict[str, Any], answer: int, agents: tuple[str, ...] = AGENT
     for item in result.get("answers") or []:  # in order: an agent's latest answer wins
         if isinstance(item, dict) and item.get("agent_id"):
             answers[item["agent_id"]] = str(item.get("content") or "")
-    from agl_bridge.trainer.loop.teams.arith import closeness
-
     numbers = {a: last_number(answers.get(a)) for a in (*agents, *answers)}
     right = {a: got == answer for a, got in numbers.items()}
-    close = {a: closeness(got, answer) for a, got in numbers.items()}
+    close = {a: partial_credit(got, answer) for a, got in numbers.items()}
     votes_info = result.get("vote_results") or {}
     votes: dict[str, str] = {}
     for target, voters in (votes_info.get("voter_details") or {}).items():
@@ -141,6 +139,20 @@ def outcome(result: dict[str, Any], answer: int, agents: tuple[str, ...] = AGENT
             "vote_accuracy": (sum(right.get(t, False) for t in votes.values()) / len(votes)
                               if votes else None),
             "consensus": bool(selected) and n > 0 and 2 * counts.get(selected, 0) > n}
+
+
+def partial_credit(got: int | None, want: int) -> float:
+    """A wrong number's credit, up to 0.3: the arithmetic demo's closeness (an error under 10)
+    or, if more, 0.3 x the share of the right number's digits it has in place, counted from
+    the ones. SmolLM2 adds b to each digit of a (32 + 4 = 76, 34 + 6 = 98): off by tens, no
+    closeness, but 76 has 36's ones digit, and 36 would have both."""
+    from agl_bridge.trainer.loop.teams.arith import closeness
+
+    if got is None or got == want:
+        return 0.0
+    right, wrong = str(abs(want))[::-1], str(abs(got))[::-1]
+    in_place = sum(x == y for x, y in zip(right, wrong)) if (got < 0) == (want < 0) else 0
+    return max(closeness(got, want), 0.3 * in_place / max(len(right), len(wrong)))
 
 
 async def play(task: dict[str, Any], rollout: int, args: argparse.Namespace,
