@@ -50,21 +50,31 @@ class Script:
         return "", [call("new_answer", content="17 + 9 = 26")]
 
 
-@pytest.fixture(scope="module")
-def team_run(massgen_python, tmp_path_factory):
-    work = tmp_path_factory.mktemp("massgen-team")
-    (work / "tasks.jsonl").write_text(json.dumps({"task_id": "t1", "a": 17, "b": 9}) + "\n")
+def run_team(massgen_python, work, tasks, script, *flags, **env_extra):
+    """The team program under AGL_BRIDGE_AUTO=1 against a scripted server: its results,
+    the summary line it printed, and the requests the server got."""
+    (work / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
     env.update(AGL_BRIDGE_AUTO="1", AGL_BRIDGE_PARQUET_DIR=str(work / "traces"),
                AGL_BRIDGE_TASKS=str(work / "tasks.jsonl"),
-               AGL_BRIDGE_RESULTS=str(work / "results.jsonl"), OTEL_SERVICE_NAME="team")
-    with ScriptedServer(vllm=True, script=Script(), completion_ids=IDS) as server:
-        out = subprocess.run([str(massgen_python), str(TEAM), "--base-url", server.base_url],
-                             env=env, cwd=work, capture_output=True, text=True, timeout=300)
+               AGL_BRIDGE_RESULTS=str(work / "results.jsonl"), OTEL_SERVICE_NAME="team",
+               **env_extra)
+    with ScriptedServer(vllm=True, script=script, completion_ids=IDS) as server:
+        out = subprocess.run([str(massgen_python), str(TEAM), "--base-url", server.base_url,
+                              *flags], env=env, cwd=work, capture_output=True, text=True,
+                             timeout=300)
         requests = list(server.requests)
     assert out.returncode == 0, out.stderr[-3000:]
-    (result,) = [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
-    return work, result, json.loads(out.stdout.strip().splitlines()[-1]), requests
+    results = [json.loads(line) for line in (work / "results.jsonl").read_text().splitlines()]
+    return results, json.loads(out.stdout.strip().splitlines()[-1]), requests
+
+
+@pytest.fixture(scope="module")
+def team_run(massgen_python, tmp_path_factory):
+    work = tmp_path_factory.mktemp("massgen-team")
+    (result,), summary, requests = run_team(massgen_python, work,
+                                            [{"task_id": "t1", "a": 17, "b": 9}], Script())
+    return work, result, summary, requests
 
 
 def test_results_say_correctness_votes_and_consensus(team_run):
@@ -169,8 +179,6 @@ def test_concurrent_runs_keep_their_own_calls(massgen_python, tmp_path):
     import re
 
     sums = [(3, 4), (11, 5), (20, 9), (32, 3)]
-    (tmp_path / "tasks.jsonl").write_text("".join(
-        json.dumps({"task_id": f"t{a}+{b}", "a": a, "b": b}) + "\n" for a, b in sums))
 
     def script(body):  # each agent answers its question right, then votes for agent1
         tools = {t["function"]["name"] for t in body.get("tools") or []}
@@ -180,17 +188,10 @@ def test_concurrent_runs_keep_their_own_calls(massgen_python, tmp_path):
             return "", [call("vote", agent_id="agent1", reason="ok")]
         return "", [call("new_answer", content=f"{a} + {b} = {a + b}")]
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGL_BRIDGE_"))}
-    env.update(AGL_BRIDGE_AUTO="1", AGL_BRIDGE_PARQUET_DIR=str(tmp_path / "traces"),
-               AGL_BRIDGE_CAPTURE="messages", AGL_BRIDGE_TASKS=str(tmp_path / "tasks.jsonl"),
-               AGL_BRIDGE_RESULTS=str(tmp_path / "results.jsonl"), OTEL_SERVICE_NAME="team")
-    with ScriptedServer(vllm=True, script=script, completion_ids=IDS) as server:
-        out = subprocess.run([str(massgen_python), str(TEAM), "--base-url", server.base_url,
-                              "--question", "sum", "--concurrency", "4"],
-                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    results = [json.loads(line) for line in
-               (tmp_path / "results.jsonl").read_text().splitlines()]
+    results, _, _ = run_team(massgen_python, tmp_path,
+                             [{"task_id": f"t{a}+{b}", "a": a, "b": b} for a, b in sums],
+                             script, "--question", "sum", "--concurrency", "4",
+                             AGL_BRIDGE_CAPTURE="messages")
     episode_task = {r["episode_id"]: r["task_id"] for r in results}
     assert len(episode_task) == 4 and all(r["success"] for r in results)
     rows = [r for f in (tmp_path / "traces").rglob("*.parquet")
