@@ -42,7 +42,7 @@ from agl_bridge.settings import values
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.gate import Scores, decide
 from agl_bridge.trainer.loop.state import LOOP_LOCK, LoopState, wipe
-from agl_bridge.trainer.loop.team import TeamRun, role_scores, run_team, task_scores
+from agl_bridge.trainer.loop.team import TeamRun, read_tasks, role_scores, run_team, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
 from agl_bridge.trainer.serving.prompts import PROMPT_HISTORY_FILE, PROMPTS_DIR, PROMPTS_FILE
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
@@ -69,21 +69,6 @@ def start_vllm(cfg: LoopConfig) -> Any:
     gpu = ["--gpu-memory-utilization", "0.35"] if has_cuda() else []
     return VLLMServer(cfg.model, served_model_name=BASE, log_path=cfg.work / "vllm.log",
                       **cfg.serve.server_options(*gpu)).start()
-
-
-def read_tasks(path: str | Path) -> list[dict[str, Any]]:
-    tasks = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
-        if not isinstance(task, dict) or not isinstance(task.get("task_id"), str):
-            raise ValueError(f"{path}:{n}: a task is an object with a string task_id")
-        tasks.append(task)
-    return tasks
 
 
 def mean_per_task(values: dict[str, list[float]]) -> dict[str, float]:

@@ -65,6 +65,23 @@ def command_argv(command: str | Sequence[str]) -> list[str]:
     return argv
 
 
+def read_tasks(path: str | Path) -> list[dict[str, Any]]:
+    """Tasks as JSON lines (``write_tasks``'); a line that is not an object with a string
+    ``task_id`` is an error naming it."""
+    tasks = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc})") from None
+        if not isinstance(task, dict) or not isinstance(task.get("task_id"), str):
+            raise ValueError(f"{path}:{n}: a task needs a string task_id")
+        tasks.append(task)
+    return tasks
+
+
 def write_tasks(path: Path, tasks: Iterable[Mapping[str, Any]]) -> int:
     """Tasks as JSON lines; each must have a string ``task_id``."""
     n = 0

@@ -40,7 +40,7 @@ from agl_bridge.trainer.loop.apo.transcripts import (
     transcripts,
 )
 from agl_bridge.trainer.loop.gate import Scores, decide
-from agl_bridge.trainer.loop.team import role_scores, run_team, task_scores
+from agl_bridge.trainer.loop.team import read_tasks, role_scores, run_team, task_scores
 from agl_bridge.trainer.serving.prompts import PromptRegistry
 
 
@@ -65,20 +65,11 @@ def _diff(old: str, new: str, a: str, b: str) -> str:
 
 def _tasks(path: str, n: int) -> list[dict[str, Any]]:
     try:
-        lines = Path(path).read_text().splitlines()
+        tasks = read_tasks(path)
     except OSError as exc:
         raise ApoError(f"val_tasks {path}: cannot be read ({exc.strerror})") from None
-    tasks = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            task = json.loads(line)
-        except ValueError:
-            raise ApoError(f"val_tasks {path}:{i}: not JSON") from None
-        if not isinstance(task, dict) or not isinstance(task.get("task_id"), str):
-            raise ApoError(f"val_tasks {path}:{i}: a task needs a string task_id")
-        tasks.append(task)
+    except ValueError as exc:
+        raise ApoError(f"val_tasks {exc}") from None
     if not tasks:
         raise ApoError(f"val_tasks {path}: no task")
     return tasks[:n]
