@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ALIASES_ENV = "AGL_BRIDGE_ALIASES"
 POLL_ENV = "AGL_BRIDGE_ALIASES_POLL_S"
@@ -51,19 +51,26 @@ class AliasFileError(ValueError):
     """The alias file's content is not a usable table; the message says what is wrong."""
 
 
+def table_entries(data: Any, key: str, error: type[AliasFileError]) -> Mapping[Any, Any]:
+    """The ``key`` object of a decoded table file (aliases, prompts), or ``error`` saying what
+    is wrong."""
+    if not isinstance(data, Mapping):
+        raise error(f"the top level is {_kind(data)}, not an object")
+    if key not in data:
+        raise error(f'it has no "{key}" key')
+    entries = data[key]
+    if not isinstance(entries, Mapping):
+        raise error(f'"{key}" is {_kind(entries)}, not an object')
+    return entries
+
+
 def parse_aliases(data: Any) -> dict[str, str]:
     """The ``aliases`` mapping of a decoded alias file, or ``AliasFileError`` saying what is wrong.
 
     Only a non-empty string routes: anything else sent as ``model`` would be a request the
     server cannot answer, made on the agent's behalf.
     """
-    if not isinstance(data, Mapping):
-        raise AliasFileError(f"the top level is {_kind(data)}, not an object")
-    if "aliases" not in data:
-        raise AliasFileError('it has no "aliases" key')
-    aliases = data["aliases"]
-    if not isinstance(aliases, Mapping):
-        raise AliasFileError(f'"aliases" is {_kind(aliases)}, not an object')
+    aliases = table_entries(data, "aliases", AliasFileError)
     bad = [f"{alias!r} -> {target!r}" for alias, target in aliases.items()
            if not (isinstance(alias, str) and alias and isinstance(target, str) and target)]
     if bad:
@@ -72,40 +79,50 @@ def parse_aliases(data: Any) -> dict[str, str]:
     return dict(aliases)
 
 
-def _kept(aliases: dict[str, str] | None) -> str:
-    """What an agent does while its table is unusable."""
-    return (f"keeping the table read before ({len(aliases)} aliases)" if aliases is not None
-            else "no alias is routed until it is fixed (model names are sent as they are)")
-
-
 def _kind(value: Any) -> str:
     return "null" if value is None else f"a {type(value).__name__}"
 
 
-class WatchedTable:
-    """A JSON table in a file, re-read when the file changes; ``lookup`` never raises.
-
-    What the alias table and the prompt table (``agl_bridge.prompts``) share: one ``stat`` per
-    call, parsed again only when the file changed, a file that cannot be used reported once per
-    version and the last good table kept. A subclass names its ``kind`` and ``env`` (for the
-    warning) and parses (``parse``, raising ``AliasFileError`` with what is wrong)."""
+class _Table:
+    """What a table agents read has, from a file or over HTTP: how warnings name it (``kind``,
+    ``env``), its ``parse`` (raising ``AliasFileError`` with what is wrong), what an agent does
+    while it is unusable (``kept``: ``noun`` and ``idle`` say it) and ``resolve``. The prompt
+    table (``agl_bridge.prompts``) is these with other words and another ``parse``."""
 
     kind = "alias file"
     env = ALIASES_ENV
+    noun = "aliases"
+    idle = "no alias is routed until it is fixed (model names are sent as they are)"
+    _aliases: dict[str, Any] | None = None  # the last good table; None: never one
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._stamp: tuple[Any, ...] | None = None  # the file version read last, good or bad
-        self._aliases: dict[str, Any] | None = None  # the last good table; None: never one
-        self._unusable = False  # the version read last was rejected
-        self._lock = threading.Lock()
+    if TYPE_CHECKING:
+        def lookup(self, name: str) -> Any: ...
 
     def parse(self, data: Any) -> dict[str, Any]:
         return parse_aliases(data)
 
     def kept(self) -> str:
         """What an agent does while its table is unusable."""
-        return _kept(self._aliases)
+        table = self._aliases
+        return (f"keeping the table read before ({len(table)} {self.noun})" if table is not None
+                else self.idle)
+
+    def resolve(self, name: str) -> str | None:
+        """The live version for alias ``name``, or None if it is not an alias."""
+        live = self.lookup(name)
+        return live if isinstance(live, str) else None
+
+
+class WatchedTable(_Table):
+    """A JSON table in a file, re-read when the file changes; ``lookup`` never raises: one
+    ``stat`` per call, parsed again only when the file changed, a file that cannot be used
+    reported once per version and the last good table kept."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[Any, ...] | None = None  # the file version read last, good or bad
+        self._unusable = False  # the version read last was rejected
+        self._lock = threading.Lock()
 
     def lookup(self, name: str) -> Any:
         """The table's entry for ``name``, or None."""
@@ -156,11 +173,6 @@ class WatchedTable:
 class AliasTable(WatchedTable):
     """One alias file, re-read when it changes; ``resolve`` never raises."""
 
-    def resolve(self, name: str) -> str | None:
-        """The live version for alias ``name``, or None if it is not an alias."""
-        live = self.lookup(name)
-        return live if isinstance(live, str) else None
-
     def read(self) -> dict[str, Any]:
         try:
             return json.loads(self.path.read_text())
@@ -179,22 +191,20 @@ class AliasTable(WatchedTable):
         os.replace(tmp, self.path)
 
 
-class HttpAliasTable:
+class HttpAliasTable(_Table):
     """An alias table served over HTTP, polled in a daemon thread; ``resolve`` reads the last
     good table and never raises or waits. A poll that fails or returns an unusable table is
     reported once per kind of failure and changes nothing (the last good table stays).
     The prompt table over HTTP is this poller with another ``parse`` (``agl_bridge.prompts``).
     """
 
-    kind = "alias table"  # how warnings name it
-    env = ALIASES_ENV
+    kind = "alias table"
 
     def __init__(self, url: str, poll_s: float = DEFAULT_POLL_S, timeout_s: float = 5.0
                  ) -> None:
         if not poll_s > 0:
             raise ValueError(f"the poll interval must be positive, got {poll_s}")
         self.url, self.poll_s, self.timeout_s = url, poll_s, timeout_s
-        self._aliases: dict[str, Any] | None = None
         self._etag: str | None = None
         self._problem: str | None = None  # the failure reported last (once per kind)
         self._fetched = threading.Event()  # the first poll is done, good or bad
@@ -202,10 +212,6 @@ class HttpAliasTable:
         self._thread = threading.Thread(target=self._run, name="agl-bridge-aliases",
                                         daemon=True)
         self._thread.start()
-
-    def resolve(self, name: str) -> str | None:
-        value = self.lookup(name)
-        return value if isinstance(value, str) else None
 
     def lookup(self, name: str) -> Any:
         """The last good table's entry for ``name`` (None when it has none)."""
@@ -215,14 +221,6 @@ class HttpAliasTable:
             self._fetched.wait(self.timeout_s)
         aliases = self._aliases
         return aliases.get(name) if aliases else None
-
-    def parse(self, data: Any) -> dict[str, Any]:
-        """The table in a response's JSON; raises ``AliasFileError`` saying what is wrong."""
-        return parse_aliases(data)
-
-    def kept(self) -> str:
-        """What an agent does while the table is unusable."""
-        return _kept(self._aliases)
 
     def close(self) -> None:
         self._stop.set()

@@ -29,7 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agl_bridge.aliases import AliasFileError, HttpAliasTable, WatchedTable, _poll_s
+from agl_bridge.aliases import (
+    AliasFileError,
+    HttpAliasTable,
+    WatchedTable,
+    _kind,
+    _poll_s,
+    table_entries,
+)
 
 PROMPTS_ENV = "AGL_BRIDGE_PROMPTS"
 TABLE_KEY = "prompts"
@@ -68,13 +75,7 @@ def check_agent(agent: Any) -> str:
 
 def parse_prompts(data: Any) -> dict[str, LivePrompt]:
     """The entries of a decoded prompt file, or ``PromptFileError`` saying what is wrong."""
-    if not isinstance(data, Mapping):
-        raise PromptFileError(f"the top level is {_kind(data)}, not an object")
-    if TABLE_KEY not in data:
-        raise PromptFileError(f'it has no "{TABLE_KEY}" key')
-    entries = data[TABLE_KEY]
-    if not isinstance(entries, Mapping):
-        raise PromptFileError(f'"{TABLE_KEY}" is {_kind(entries)}, not an object')
+    entries = table_entries(data, TABLE_KEY, PromptFileError)
     out: dict[str, LivePrompt] = {}
     for agent, entry in entries.items():
         check_agent(agent)
@@ -95,27 +96,19 @@ def parse_prompts(data: Any) -> dict[str, LivePrompt]:
     return out
 
 
-def _kind(value: Any) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
-
-
 class _Prompts:
     """What a prompt table adds to an alias table, read from a file or over HTTP: entries
     parsed as prompts, its own words when it is kept, and ``live``."""
 
     env = PROMPTS_ENV
-    _aliases: dict[str, Any] | None
+    noun = "agents"
+    idle = "no prompt is swapped until it is fixed (agents keep their own)"
 
     if TYPE_CHECKING:
         def lookup(self, name: str) -> Any: ...  # the alias table's (after this in the MRO)
 
     def parse(self, data: Any) -> dict[str, Any]:
         return dict(parse_prompts(data))
-
-    def kept(self) -> str:
-        table = self._aliases
-        return (f"keeping the table read before ({len(table)} agents)" if table is not None
-                else "no prompt is swapped until it is fixed (agents keep their own)")
 
     def live(self, agent: str) -> LivePrompt | None:
         """The live prompt of ``agent``, or None when the table has no entry for it."""
