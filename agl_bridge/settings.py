@@ -242,6 +242,18 @@ def read_text(path: str | Path, what: str = "") -> str:
         raise SettingError(f"{where}: not text ({exc})") from None
 
 
+def replace_text(path: str | Path, text: str) -> None:
+    """Write ``path`` atomically (a temporary beside it, then a rename): readers see the old
+    text or the new, never a mix."""
+    import os
+    import threading
+
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, p)
+
+
 def loads(text: str, source: str, *, toml: bool = True) -> Any:
     """TOML or JSON text as plain values: the one parser of settings, recipes and rubrics; a
     syntax error names ``source``."""
@@ -398,15 +410,15 @@ def given_flags(args: argparse.Namespace, cls: type, prefix: str = "") -> dict[s
 
 
 # -- resolving and showing ---------------------------------------------------------------------
-def paths_values(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def paths_values(nested: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
     """Nested tables of settings as dotted paths (``{"train": {"seed": 1}}`` ->
     ``{"train.seed": 1}``); a table value of a setting stays whole only in ``build``."""
     out: dict[str, Any] = {}
     for key, value in nested.items():
         if isinstance(value, Mapping):
-            out.update(paths_values(value, f"{prefix}{key}."))
+            out.update(paths_values(value, f"{prefix}{key}{sep}", sep))
         else:
-            out[prefix + key] = value
+            out[f"{prefix}{key}"] = value
     return out
 
 
@@ -466,15 +478,10 @@ def values(config: Any) -> dict[str, Any]:
 def record(path: str | Path, **configs: Any) -> Path:
     """Write what a run used (``{name: settings}``) as JSON at ``path``, atomically: the
     record a run leaves beside its outputs."""
-    import os
-    import tempfile
-
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump({name: values(c) for name, c in configs.items()}, f, indent=2, default=str)
-    os.replace(tmp, p)
+    replace_text(p, json.dumps({name: values(c) for name, c in configs.items()}, indent=2,
+                               default=str))
     return p
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from agl_bridge.settings import paths_values
+
 ReportTo = Literal["none", "all", "mlflow", "tensorboard"]
 TOOLS: tuple[str, ...] = ("mlflow", "tensorboard")
 EXTRA = "tracking"  # the extra of pyproject.toml that installs them
@@ -64,22 +66,11 @@ def tools_for(report_to: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
-def flat(values: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
-    """Nested tables as one level of ``a.b`` keys (settings as MLflow parameters)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            out.update(flat(value, f"{prefix}{key}{sep}", sep))
-        else:
-            out[prefix + str(key)] = value
-    return out
-
-
 def numbers(values: Mapping[str, Any], prefix: str = "", sep: str = "/") -> dict[str, float]:
     """The finite numbers (and booleans, as 0 or 1) of nested values as metrics: text, lists
     and non-finite numbers are left out."""
     out: dict[str, float] = {}
-    for key, value in flat(values, prefix, sep).items():
+    for key, value in paths_values(values, prefix, sep).items():
         if isinstance(value, bool):
             out[metric_name(key)] = float(value)
         elif isinstance(value, (int, float)) and math.isfinite(value):
@@ -211,7 +202,7 @@ class Tracker:
 
     def log_params(self, settings: Mapping[str, Any]) -> None:
         """Settings, nested tables as dotted names (``train.learning_rate``)."""
-        values = flat(settings)
+        values = paths_values(settings)
         for b in self.backends:
             b.params(values)
 

@@ -4,14 +4,13 @@ each stage, so a loop stopped at any point (Ctrl-C, kill, a crash) goes on from 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agl_bridge.settings import paths_values
+from agl_bridge.settings import paths_values, replace_text
 
 STATE_FILE = "state.json"
 # settings a resumed run may change: the budget
@@ -66,9 +65,7 @@ class LoopState:
         self.save()
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(self.data, indent=2))
-        os.replace(tmp, self.path)
+        replace_text(self.path, json.dumps(self.data, indent=2))
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:

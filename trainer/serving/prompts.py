@@ -40,14 +40,9 @@ from agl_bridge.prompts import (
     parse_prompts,
     version_name,
 )
+from agl_bridge.settings import replace_text
 from agl_bridge.trainer.serving.errors import PublishError
-from agl_bridge.trainer.serving.registry import (
-    Registry,
-    encode_history,
-    parse_history,
-    read_json,
-    replace_text,
-)
+from agl_bridge.trainer.serving.registry import Registry, encode_history, parse_history, read_json
 
 PROMPTS_FILE = "prompts.json"
 PROMPT_HISTORY_FILE = "prompt_history.json"

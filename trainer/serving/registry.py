@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from agl_bridge.aliases import AliasTable
+from agl_bridge.settings import replace_text
 from agl_bridge.trainer.serving.errors import PublishError
 
 ALIASES_FILE = "aliases.json"
@@ -53,13 +54,6 @@ def locked(lock_path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock (and so does the kernel if this process dies)
-
-
-def replace_text(path: Path, text: str) -> None:
-    """Write ``path`` atomically (temporary file + rename): readers see the old or the new."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def version_number(name: str) -> int | None:

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, TypeGuard
 
+from agl_bridge.settings import replace_text
 from agl_bridge.trainer.adapters import METADATA_FILE
 
 METRICS_FILE = "metrics.jsonl"
@@ -438,9 +439,7 @@ def write_page(target: Path, title: str, body: list[str]) -> Path:
     page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
+    replace_text(target, page)
     return target
 
 
