@@ -10,7 +10,6 @@ into a span row is ``agl_bridge.otel.rows.evaluation_row``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,36 +40,14 @@ def _is_trace_id(text: str) -> bool:
         and text.strip("0") != ""
 
 
-def _score(value: float | Mapping[str, float]) -> tuple[float, dict[str, float]]:
-    from agl_bridge.scope import finite_number
-
-    def finite(v: Any, where: str) -> float:
-        return finite_number(v, f"feedback: {where}")
-
-    if isinstance(value, Mapping):
-        if not value:
-            raise ValueError("feedback: parts must not be empty")
-        parts = {}
-        for part, v in value.items():
-            if not isinstance(part, str) or not part:
-                raise ValueError(f"feedback: part names must be non-empty strings, got {part!r}")
-            parts[part] = finite(v, f"part {part!r}")
-        try:
-            total = math.fsum(parts.values())
-        except OverflowError:
-            total = math.inf
-        if not math.isfinite(total):
-            raise ValueError("feedback: the parts sum past the range of a number")
-        return total, parts
-    return finite(value, "value"), {}
-
-
 def evaluation_attributes(target: str, value: float | Mapping[str, float], *,
                           name: str | None = None, kind: str = sc.RewardKind.HUMAN,
                           agent: str | None = None, label: str | None = None,
                           explanation: str | None = None) -> dict[str, Any]:
     """The attributes of one evaluation record (checked: bad input raises here, at the call)."""
-    score, parts = _score(value)
+    from agl_bridge.scope import score_parts
+
+    score, parts = score_parts(value, "feedback")
     if kind not in sc.RewardKind.ALL:
         raise ValueError(f"feedback: kind must be one of {sc.RewardKind.ALL}, got {kind!r}")
     if name is not None and (not isinstance(name, str) or not name):

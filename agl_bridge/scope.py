@@ -279,6 +279,28 @@ def finite_number(value: Any, where: str) -> float:
     return value
 
 
+def score_parts(value: float | Mapping[str, float], who: str) -> tuple[float, dict[str, float]]:
+    """A score given as a number or as named parts (their sum is the score) -> (score, parts),
+    refused (naming ``who``) unless each part is named and every number, the sum too, is
+    finite: where the caller can still see the line that made it."""
+    if not isinstance(value, Mapping):
+        return finite_number(value, f"{who}: value"), {}
+    if not value:
+        raise ValueError(f"{who}: parts must not be empty")
+    parts: dict[str, float] = {}
+    for part, v in value.items():
+        if not isinstance(part, str) or not part:
+            raise ValueError(f"{who}: part names must be non-empty strings, got {part!r}")
+        parts[part] = finite_number(v, f"{who}: part {part!r}")
+    try:
+        total = math.fsum(parts.values())
+    except OverflowError:
+        total = math.inf
+    if not math.isfinite(total):
+        raise ValueError(f"{who}: the parts sum past the range of a number")
+    return total, parts
+
+
 def emit_reward(
     value: float | Mapping[str, float],
     *,
@@ -294,17 +316,7 @@ def emit_reward(
     refused here, where the caller can still see the line that made it, rather than poisoning a
     training batch later. Returns the value recorded.
     """
-    parts: dict[str, float] = {}
-    if isinstance(value, Mapping):
-        if not value:
-            raise ValueError("emit_reward: parts must not be empty")
-        for part, v in value.items():
-            if not isinstance(part, str) or not part:
-                raise ValueError(f"emit_reward: part names must be non-empty strings, got {part!r}")
-            parts[part] = finite_number(v, f"emit_reward: part {part!r}")
-        value = math.fsum(parts.values())
-    else:
-        value = finite_number(value, "emit_reward: value")
+    value, parts = score_parts(value, "emit_reward")
     if scope not in sc.RewardScope.ALL:
         raise ValueError(f"emit_reward: scope must be one of {sc.RewardScope.ALL}, got {scope!r}")
     if kind not in sc.RewardKind.ALL:
