@@ -414,15 +414,22 @@ class Loop:
         return run.spans
 
     def _team(self, command: str, tasks: list[dict[str, Any]], out: Path, *, rollouts: int,
-              temperature: float, aliases: Path | None = None, prompts: Path | None = None
-              ) -> TeamRun:
-        """``prompts``: a prompt table other than the live one (a candidate's, in a gate)."""
+              temperature: float, aliases: dict[str, str] | None = None,
+              prompts: Mapping[str, Mapping[str, str]] | None = None) -> TeamRun:
+        """``aliases``: the versions to play (unset: the live ones); ``prompts``: a prompt
+        table's entries other than the live one (a candidate's, in a gate). Both are written
+        under ``out`` for the run."""
         env = {"AGL_BRIDGE_MAX_TOKENS": str(self.cfg.max_tokens)}
+        table = self.registry / ALIASES_FILE
+        if aliases is not None:
+            table = out / ALIASES_FILE
+            table.parent.mkdir(parents=True, exist_ok=True)
+            table.write_text(json.dumps({"aliases": aliases}))
         if self.prompts is not None:  # the agents follow the prompt table
-            env.update(self.prompts.env(prompts))
-        return run_team(command, tasks, out, base_url=self.base_url,
-                        aliases=aliases or self.registry / ALIASES_FILE, rollouts=rollouts,
-                        temperature=temperature, service="team", extra_env=env)
+            env.update(self.prompts.env(out, prompts))
+        return run_team(command, tasks, out, base_url=self.base_url, aliases=table,
+                        rollouts=rollouts, temperature=temperature, service="team",
+                        extra_env=env)
 
     def _wait_for_traces(self, r: int, record: dict[str, Any]) -> list[Path] | None:
         """Live: wait for span files the loop has not used, old enough for their feedback,
@@ -570,17 +577,12 @@ class Loop:
                f"{Path(tasks_file).name} at temperature {temperature:g} x{rollouts}")
         if key in self.data["evals"] and label not in ("baseline", "final"):
             return Scores.from_dict(self.data["evals"][key])
-        table = out / ALIASES_FILE
-        table.parent.mkdir(parents=True, exist_ok=True)
-        table.write_text(json.dumps({"aliases": aliases}))
         tasks = read_tasks(tasks_file)
         log(f"{label}: the team answers {len(tasks)} held-out tasks x {rollouts} at "
             f"temperature {temperature:g} on {aliases} ...")
         with self.state.timed("held-out evaluation"):
             run = self._team(cfg.eval_team or cfg.team or "", tasks, out, rollouts=rollouts,
-                             temperature=temperature, aliases=table,
-                             prompts=self.prompts.table(out, prompts)
-                             if self.prompts and prompts is not None else None)
+                             temperature=temperature, aliases=aliases, prompts=prompts)
         scores = Scores(task_scores(run.results), role_scores(run.results))
         self.data["evals"][key] = scores.as_dict()
         self.state.save()
@@ -604,16 +606,12 @@ class Loop:
         if tasks is None:
             tasks = replay_inputs(read_replay_spans(self._fresh, cfg.replay_field),
                                   field_name=cfg.replay_field).tasks[-cfg.gate.inputs:]
-        table = out / ALIASES_FILE
-        table.parent.mkdir(parents=True, exist_ok=True)
-        table.write_text(json.dumps({"aliases": aliases}))
         log(f"round {r} gate: {len(tasks)} real input(s) replayed on {aliases}"
             f"{' with the candidate prompts' if prompts is not None else ''} ...")
         with self.state.timed("gate (replayed inputs)"):
             run = self._team(cfg.replay_team or cfg.eval_team or cfg.team or "", tasks, out,
                              rollouts=cfg.gate.rollouts, temperature=self._gate_temperature,
-                             aliases=table, prompts=self.prompts.table(out, prompts)
-                             if self.prompts and prompts is not None else None)
+                             aliases=aliases, prompts=prompts)
             scores = task_scores(run.results)
             if scores or not run.spans.is_dir():
                 return Scores(scores, role_scores(run.results))
@@ -679,30 +677,8 @@ class Loop:
             self.state.save()
             load_and_probe([self.base_url], candidate[alias], Path(directory))
         record["candidate"] = candidate
-        gate_tasks = cfg.gate.tasks or cfg.eval_tasks
-        if cfg.gate.rule == "off" or (gate_tasks is None and not cfg.gate.inputs):
-            record["gate"] = {"publish": True, "rule": "gate off"}
-            return [a for a in adapters if a in candidate]
-        if cfg.gate.inputs:
-            live, cand = (self._replayed_scores(r, versions, rdir / f"gate-{label}")
-                          for label, versions in (("live", dict(self.data["live"])),
-                                                  ("candidate", candidate)))
-        else:
-            live, cand = (self._scores(f"round {r} gate: {label}", versions,
-                                       rdir / f"gate-{label}", gate_tasks or "",
-                                       temperature=self._gate_temperature,
-                                       rollouts=cfg.gate.rollouts)
-                          for label, versions in (("live", dict(self.data["live"])),
-                                                  ("candidate", candidate)))
         changed = [a for a, v in candidate.items() if v != self.data["live"].get(a)]
-        verdict = decide(live, cand, changed, rule=cfg.gate.rule, tolerance=cfg.gate.tolerance,
-                         partial=cfg.gate.partial)
-        chosen, roles = verdict.published, verdict.roles
-        record["gate"] = verdict.record(temperature=self._gate_temperature,
-                                        rollouts=cfg.gate.rollouts)
-        log(f"round {r} gate: {verdict.headline}: {record['gate']['rule']}"
-            + "".join(f"; {a}: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
-                      for a, d in roles.items()))
+        chosen = self._decide(r, rdir, record, changed, candidate)
         refused = [a for a in changed if a not in chosen]
         if refused:
             self.data["events"].append({"round": r, "event": "refused",
@@ -710,6 +686,38 @@ class Loop:
                                         "reason": record["gate"]["rule"]})
             self._unload([candidate[a] for a in refused])
         return chosen
+
+    def _decide(self, r: int, rdir: Path, record: dict[str, Any], changed: list[str],
+                candidate: dict[str, str], prompts: Mapping[str, Mapping[str, str]] | None = None,
+                inputs: list[dict[str, Any]] | None = None) -> list[str]:
+        """The gate between the live versions and ``candidate`` (adapter versions; a prompt
+        round's candidate is the table ``prompts`` on the live adapters), on a live service's
+        real inputs replayed (``[gate] inputs``; ``inputs``: those already chosen) or on its
+        held-out tasks: the ``changed`` agents it lets go live (all when it is off), its
+        decision in ``record["gate"]``."""
+        gate = self.cfg.gate
+        tasks = gate.tasks or self.cfg.eval_tasks
+        if gate.rule == "off" or (tasks is None and not gate.inputs):
+            record["gate"] = {"publish": True, "rule": "gate off"}
+            return changed
+        what = "" if prompts is None else " prompts"
+        arms = (("live", dict(self.data["live"]), None), ("candidate", candidate, prompts))
+        live, cand = (
+            self._replayed_scores(r, versions, rdir / f"gate-{label}", tasks=inputs,
+                                  prompts=entries) if gate.inputs else
+            self._scores(f"round {r} gate: {label}{what}", versions, rdir / f"gate-{label}",
+                         tasks or "", temperature=self._gate_temperature,
+                         rollouts=gate.rollouts, prompts=entries)
+            for label, versions, entries in arms)
+        verdict = decide(live, cand, changed, rule=gate.rule, tolerance=gate.tolerance,
+                         partial=gate.partial)
+        record["gate"] = verdict.record(temperature=self._gate_temperature,
+                                        rollouts=gate.rollouts)
+        log(f"round {r} gate{what and ' (prompts)'}: {verdict.headline}: "
+            f"{record['gate']['rule']}" + "".join(
+                f"; {a}: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+                for a, d in verdict.roles.items()))
+        return verdict.published
 
     def _unload(self, names: list[str]) -> None:
         from agl_bridge.trainer.serving.publisher import _post, _root

@@ -48,9 +48,16 @@ from typing import Any, Protocol
 
 from agl_bridge.capture import CAPTURE_ENV
 from agl_bridge.parquet_io import iter_parquet_files
-from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, parse_prompts, version_name
+from agl_bridge.prompts import PROMPTS_ENV, TABLE_KEY, version_name
+from agl_bridge.settings import replace_text
 from agl_bridge.trainer.judging.client import JudgeHTTPError
-from agl_bridge.trainer.loop.apo.run import Scoring, live_entries, optimizer_for, search_agent
+from agl_bridge.trainer.loop.apo.run import (
+    Scoring,
+    live_entries,
+    optimizer_for,
+    search_agent,
+    write_prompt_table,
+)
 from agl_bridge.trainer.loop.apo.transcripts import (
     TextCopy,
     converted_rewards,
@@ -62,11 +69,11 @@ from agl_bridge.trainer.loop.apo.versions import (
     key_versions,
     matches,
 )
-from agl_bridge.trainer.loop.gate import Scores, decide
+from agl_bridge.trainer.loop.gate import Scores
 from agl_bridge.trainer.loop.state import LoopState
-from agl_bridge.trainer.loop.team import read_results, role_scores, task_scores
+from agl_bridge.trainer.loop.team import read_results, read_tasks, role_scores, task_scores
 from agl_bridge.trainer.loop.watch import best_recent, watch
-from agl_bridge.trainer.serving.prompts import PROMPTS_FILE, PromptRegistry
+from agl_bridge.trainer.serving.prompts import PromptRegistry
 from agl_bridge.trainer.serving.registry import ALIASES_FILE
 
 RECENT = 2000  # rewards kept per prompt-versions key for the watch
@@ -84,16 +91,9 @@ class LoopView(Protocol):
     state: LoopState
     base_url: str
 
-    @property
-    def _gate_temperature(self) -> float: ...
-
-    def _scores(self, label: str, aliases: dict[str, str], out: Path, tasks_file: str, *,
-                temperature: float, rollouts: int, prompts: Entries | None = None
-                ) -> Scores: ...
-
-    def _replayed_scores(self, r: int, aliases: dict[str, str], out: Path, *,
-                         tasks: list[dict[str, Any]] | None = None,
-                         prompts: Entries | None = None) -> Scores: ...
+    def _decide(self, r: int, rdir: Path, record: dict[str, Any], changed: list[str],
+                candidate: dict[str, str], prompts: Entries | None = None,
+                inputs: list[dict[str, Any]] | None = None) -> list[str]: ...
 
 
 class PromptLever:
@@ -135,25 +135,16 @@ class PromptLever:
                        for e in entries.values() if e.get("text"))
         return f" prompts {','.join(parts)}" if parts else ""
 
-    def table(self, out: Path, entries: Entries) -> Path:
-        """A candidate's prompt table, written for one evaluation."""
-        table = {TABLE_KEY: {a: dict(e) for a, e in entries.items()}}
-        parse_prompts(table)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / PROMPTS_FILE).write_text(json.dumps(table, indent=2))
-        return out / PROMPTS_FILE
-
-    def env(self, table: Path | None = None) -> dict[str, str]:
-        """For a team run: the prompt table (the registry's live one unless ``table``), and
-        capture of the messages, which the critiques read."""
-        path = table or self.registry.table_path
-        if table is None and not path.exists():
+    def env(self, out: Path | None = None, entries: Entries | None = None) -> dict[str, str]:
+        """For a team run: the prompt table (the registry's live one, or ``entries`` written
+        under ``out``: a candidate's), and capture of the messages, which the critiques read."""
+        path = self.registry.table_path if entries is None or out is None else \
+            write_prompt_table(out, entries)
+        if entries is None and not path.exists():
             with self.registry.registry.locked():  # an empty table: every agent on its own
                 if not path.exists():
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-                    tmp.write_text(json.dumps({TABLE_KEY: {}}))
-                    os.replace(tmp, path)
+                    replace_text(path, json.dumps({TABLE_KEY: {}}))
         return {PROMPTS_ENV: str(path),
                 CAPTURE_ENV: os.environ.get(CAPTURE_ENV) or "messages"}
 
@@ -248,8 +239,7 @@ class PromptLever:
         rewards, replays_held = self._rewards, set[str]()
         if cfg.traces is None:  # the team played the round's tasks: they score the root
             results = read_results(rdir / "results.jsonl")
-            tasks = [json.loads(line) for line in (rdir / "tasks.jsonl").read_text()
-                     .splitlines() if line.strip()][:cfg.apo.val_batch_size]  # as written
+            tasks = read_tasks(rdir / "tasks.jsonl")[:cfg.apo.val_batch_size]  # as written
             ids = {t["task_id"] for t in tasks}
             mine = [x for x in results if x.get("task_id") in ids]
             root_scores = Scores(task_scores(mine), role_scores(mine))
@@ -322,7 +312,10 @@ class PromptLever:
             return
         candidate = {**live, **pending}
         record["candidate"] = {a: e["version"] for a, e in pending.items()}
-        chosen = self._gate(r, rdir, candidate, list(pending), record, gate_inputs)
+        # the gate plays the candidate table on the live adapters: held-out tasks, or the
+        # round's newest real inputs (gate_inputs), which the search never saw
+        chosen = loop._decide(r, rdir, record, list(pending), dict(loop.data["live"]),
+                              candidate, gate_inputs)
         refused = {a: v for a, v in record["candidate"].items() if a not in chosen}
         if refused:
             loop.data["events"].append({"round": r, "event": "prompt refused",
@@ -355,35 +348,3 @@ class PromptLever:
         inputs = replay_inputs(read_replay_spans(live, self.cfg.replay_field),
                                field_name=self.cfg.replay_field)
         return inputs.tasks
-
-    def _gate(self, r: int, rdir: Path, candidate: Entries, changed: list[str],
-              record: dict[str, Any], inputs: list[dict[str, Any]]) -> list[str]:
-        """The loop's gate between the live prompts and the candidate table, the adapters as
-        they are live: on its held-out tasks, or on a live service's real ``inputs`` replayed
-        (``[gate] inputs``: the round's newest, which the search and its critiques never
-        saw)."""
-        log = self.log
-        loop, cfg = self.loop, self.cfg
-        gate_tasks = cfg.gate.tasks or cfg.eval_tasks
-        if cfg.gate.rule == "off" or (gate_tasks is None and not cfg.gate.inputs):
-            record["gate"] = {"publish": True, "rule": "gate off"}
-            return changed
-        adapters = dict(loop.data["live"])
-        pairs: tuple[tuple[str, Entries | None], ...] = (("live", None),
-                                                         ("candidate", candidate))
-        if cfg.gate.inputs:
-            live, cand = (loop._replayed_scores(r, adapters, rdir / f"gate-{label}",
-                                                tasks=inputs, prompts=prompts)
-                          for label, prompts in pairs)
-        else:
-            live, cand = (loop._scores(f"round {r} gate: {label} prompts", adapters,
-                                       rdir / f"gate-{label}", gate_tasks or "",
-                                       temperature=loop._gate_temperature,
-                                       rollouts=cfg.gate.rollouts, prompts=prompts)
-                          for label, prompts in pairs)
-        verdict = decide(live, cand, changed, rule=cfg.gate.rule, tolerance=cfg.gate.tolerance,
-                         partial=cfg.gate.partial)
-        record["gate"] = verdict.record(temperature=loop._gate_temperature,
-                                        rollouts=cfg.gate.rollouts)
-        log(f"round {r} gate (prompts): {verdict.headline}: {record['gate']['rule']}")
-        return verdict.published

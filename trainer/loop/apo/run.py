@@ -162,6 +162,15 @@ def live_entries(registry: PromptRegistry) -> dict[str, dict[str, str]]:
     return entries
 
 
+def write_prompt_table(out: Path, entries: Mapping[str, Mapping[str, str]]) -> Path:
+    """A candidate's prompt table (checked as agents will read it), for one evaluation."""
+    table = {TABLE_KEY: {a: dict(e) for a, e in entries.items()}}
+    parse_prompts(table)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "prompts.json").write_text(json.dumps(table, indent=2))
+    return out / "prompts.json"
+
+
 def search_agent(agent: str, pool: list[Transcript], *, search: ApoSearchConfig,
                  registry: PromptRegistry, optimizer: Optimizer, scoring: Scoring, work: Path,
                  rng: random.Random, others: Mapping[str, dict[str, str]], source: str,
@@ -194,14 +203,11 @@ def search_agent(agent: str, pool: list[Transcript], *, search: ApoSearchConfig,
         entries[agent] = ({"version": root_version} if c.id == "root" and root_version.endswith(
             "@p0") else {"version": root_version if c.id == "root" else trial_version,
                          "text": c.text})
-        table = {TABLE_KEY: entries}
-        parse_prompts(table)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "prompts.json").write_text(json.dumps(table, indent=2))
+        table = write_prompt_table(out, entries)
         run = run_team(scoring.team, scoring.tasks, out, base_url=scoring.base_url,
                        aliases=scoring.aliases, rollouts=scoring.rollouts,
                        temperature=scoring.temperature, service=f"apo-{agent}",
-                       extra_env={**scoring.extra_env, PROMPTS_ENV: str(out / "prompts.json"),
+                       extra_env={**scoring.extra_env, PROMPTS_ENV: str(table),
                                   "AGL_BRIDGE_CAPTURE": "messages"})
         scores = Scores(task_scores(run.results), role_scores(run.results))
         try:
