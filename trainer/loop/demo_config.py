@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agl_bridge.settings import check_choices, setting
+from agl_bridge.settings import at_least, check_choices, setting
 
 DemoTask = Literal["add", "lower", "relay", "flow", "massgen", "retry"]
 RewardsFrom = Literal["feedback", "judge", "both"]
@@ -66,11 +66,8 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        for name in ("eval_size", "gate_size", "concurrency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
-        if self.branch < 0:
-            raise ValueError(f"branch must be at least 0, got {self.branch!r}")
+        at_least(self, 1, "eval_size", "gate_size", "concurrency")
+        at_least(self, 0, "branch")
 
 
 # the loop settings the demo takes as flags (dotted paths; a table's name: all of it)

@@ -20,6 +20,7 @@ from typing import Any
 
 from agl_bridge.trainer.loop.config import LoopConfig
 from agl_bridge.trainer.loop.engine import Loop, LoopCallback
+from agl_bridge.trainer.serving.registry import version_number
 from agl_bridge.trainer.tracking import Tracker, open_tracker
 
 # what a round's record holds that is no metric: names, paths, text, the round's own number
@@ -30,11 +31,7 @@ ROUND_PREFIX = "round/"  # the record's own numbers; its tables keep their names
 
 def live_numbers(live: dict[str, str]) -> dict[str, float]:
     """Agent -> the number of its live version (``solver@v3`` -> 3; the base model 0)."""
-    out = {}
-    for agent, name in live.items():
-        _, _, number = name.rpartition("@v")
-        out[agent] = float(number) if number.isdigit() else 0.0
-    return out
+    return {agent: float(version_number(name) or 0) for agent, name in live.items()}
 
 
 class TrackingCallback(LoopCallback):
