@@ -50,9 +50,11 @@ def built_wheel(tmp_path_factory) -> Path:
     return wheel
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def massgen_python(built_wheel) -> Path:
-    """The python of a venv holding the real MassGen 0.1.97 and this tree's wheel."""
+    """The python of a venv holding the real MassGen 0.1.97 and this tree's wheel, installed
+    once a session: the wheel is the session's, so five modules reinstalling it gained
+    nothing."""
     return build_massgen_python(built_wheel)
 
 
