@@ -34,9 +34,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 ALIASES_ENV = "AGL_BRIDGE_ALIASES"
 POLL_ENV = "AGL_BRIDGE_ALIASES_POLL_S"
@@ -45,6 +45,7 @@ DEFAULT_POLL_S = 1.0
 RETRY_S = 0.05  # a poll whose connection failed is tried again after this, once
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class AliasFileError(ValueError):
@@ -282,11 +283,6 @@ class HttpAliasTable(_Table):
                        self.kind, self.url, self.env, what, self.kept())
 
 
-_default: AliasTable | HttpAliasTable | None = None
-_default_path: str | None = None
-_default_lock = threading.Lock()  # one poller per process, however many threads ask first
-
-
 def _poll_s() -> float:
     raw = os.environ.get(POLL_ENV)
     try:
@@ -300,31 +296,34 @@ def _poll_s() -> float:
     return value
 
 
-def default_table() -> AliasTable | HttpAliasTable | None:
-    """The table named by ``AGL_BRIDGE_ALIASES`` (a path, or an ``http(s)://`` URL), or None
-    (then agents' model names are used as they are)."""
-    path = os.environ.get(ALIASES_ENV)
-    if not path:
-        if _default_path is not None:  # unset since: stop a poller, forget the table
-            with _default_lock:
-                _switch_default(None)
-        return None
-    if path != _default_path:
-        with _default_lock:
-            if path != _default_path:
-                _switch_default(path)
-    return _default
+class EnvTable(Generic[T]):
+    """The table an environment variable names (a path, or an ``http(s)://`` URL polled every
+    ``AGL_BRIDGE_ALIASES_POLL_S``), made again when the variable changes: a poller it replaces
+    is stopped. ``get`` gives None while the variable is unset."""
+
+    def __init__(self, env: str, from_file: Callable[[str], T],
+                 from_url: Callable[[str, float], T]) -> None:
+        self.env, self.from_file, self.from_url = env, from_file, from_url
+        self._path: str | None = None
+        self._table: T | None = None
+        self._lock = threading.Lock()  # one poller per process, however many threads ask first
+
+    def get(self) -> T | None:
+        path = os.environ.get(self.env) or None
+        if path != self._path:
+            with self._lock:
+                if path != self._path:
+                    old = self._table
+                    self._table = None if path is None else (
+                        self.from_url(path, _poll_s())
+                        if path.startswith(("http://", "https://")) else self.from_file(path))
+                    self._path = path
+                    if isinstance(old, HttpAliasTable):
+                        old.close()
+        return self._table
 
 
-def _switch_default(path: str | None) -> None:
-    global _default, _default_path
-    old = _default
-    if path is None:
-        _default = None
-    elif path.startswith(("http://", "https://")):
-        _default = HttpAliasTable(path, _poll_s())
-    else:
-        _default = AliasTable(path)
-    _default_path = path
-    if isinstance(old, HttpAliasTable):
-        old.close()
+# the table named by AGL_BRIDGE_ALIASES, or None (then agents' model names are used as they
+# are); read on every call, so a bound method rather than a function around it
+default_table = EnvTable[AliasTable | HttpAliasTable](ALIASES_ENV, AliasTable,
+                                                        HttpAliasTable).get

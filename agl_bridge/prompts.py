@@ -22,19 +22,17 @@ never was one, no prompt is swapped). A table is taken whole or not at all.
 
 from __future__ import annotations
 
-import os
 import re
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agl_bridge.aliases import (
     AliasFileError,
+    EnvTable,
     HttpAliasTable,
     WatchedTable,
     _kind,
-    _poll_s,
     table_entries,
 )
 
@@ -130,25 +128,6 @@ class HttpPromptTable(_Prompts, HttpAliasTable):
     kind = "prompt table"
 
 
-_default: tuple[str, PromptTable | HttpPromptTable] | None = None  # (the variable, its table)
-_default_lock = threading.Lock()
-
-
-def default_prompt_table() -> PromptTable | HttpPromptTable | None:
-    """The table named by ``AGL_BRIDGE_PROMPTS`` (a path, or an ``http(s)://`` URL polled every
-    ``AGL_BRIDGE_ALIASES_POLL_S``), or None (then no prompt is swapped)."""
-    global _default
-    path = os.environ.get(PROMPTS_ENV)
-    if not path:
-        return None
-    current = _default
-    if current is None or current[0] != path:
-        with _default_lock:
-            if _default is None or _default[0] != path:
-                old = _default[1] if _default is not None else None
-                _default = (path, HttpPromptTable(path, _poll_s())
-                            if path.startswith(("http://", "https://")) else PromptTable(path))
-                if isinstance(old, HttpPromptTable):
-                    old.close()
-            current = _default
-    return current[1]
+# the table named by AGL_BRIDGE_PROMPTS, or None (then no prompt is swapped)
+default_prompt_table = EnvTable[PromptTable | HttpPromptTable](PROMPTS_ENV, PromptTable,
+                                                               HttpPromptTable).get
