@@ -13,6 +13,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -223,7 +224,10 @@ def test_every_block_of_the_guide_holds_a_command_the_e2e_test_runs():
 def test_the_guide_as_written_on_vllm(tmp_path):
     """Each block runs in a fresh directory standing for the clone's root (examples/ linked),
     with .venv's commands first on PATH; only the port differs (a free one for 8000). The serve
-    block runs in the background, as in the guide's second terminal."""
+    block runs in the background, as in the guide's second terminal. After the guide, the
+    command line goes on against the same server: a second version published, a rollback, a
+    version never published refused, and serve stopped by SIGTERM exits 0 (once a test of its
+    own, with a vLLM of its own)."""
     port = free_port()
     blocks = [b.replace("8000", str(port)) for b in guide_blocks()]
     (tmp_path / "examples").symlink_to(EXAMPLES)
@@ -243,7 +247,7 @@ def test_the_guide_as_written_on_vllm(tmp_path):
         assert serve.stdout is not None
         deadline = time.monotonic() + 240
         for line in serve.stdout:  # 1. serve: it prints the URL once vLLM answers
-            if line.startswith("replica 0:"):
+            if line.startswith("replica 0: http://127.0.0.1:"):
                 break
             assert time.monotonic() < deadline, "vLLM did not start"
         else:
@@ -255,13 +259,35 @@ def test_the_guide_as_written_on_vllm(tmp_path):
         run(blocks[3], 60)  # 3. scores by response id, imported as feedback
         trained = run(blocks[4], 300)  # 4. train
         assert "baselines: batch" in trained
-        run(blocks[5], 120)  # 5. publish
+        published = run(blocks[5], 120)  # 5. publish
         loaded = served_models(port)
         run(blocks[6], 240)  # 6. the same program, routed by agent
         looked = run(blocks[7], 120)  # 7. look
+
+        # the commands go on: the planner's second version (its first, copied) goes live, the
+        # rollback makes the first live again, and a version never published is refused
+        agent = "PlanningAgent"
+        first = tmp_path / "runs" / "heat-team" / "adapters" / agent / "v0001"
+        shutil.copytree(first, first.with_name("v0002"))
+
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([str(BIN / "agl-bridge"), *args, "--registry", "reg/"],
+                                  cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=120)
+
+        second = cli("publish", str(first.with_name("v0002")), "--alias", agent)
+        back = cli("rollback", agent, "v1")
+        missing = cli("rollback", agent, "v9")
     finally:
         serve.terminate()
-        serve.wait(timeout=60)
+        stopped = serve.wait(timeout=60)
+
+    assert stopped == 0  # SIGTERM: serve stops its vLLM and exits cleanly
+    assert f"alias {agent} -> {agent}@v1" in published
+    assert second.returncode == 0 and f"alias {agent} -> {agent}@v2" in second.stdout, \
+        second.stderr[-2000:]
+    assert back.returncode == 0 and back.stdout.strip() == f"alias {agent} -> {agent}@v1"
+    assert missing.returncode == 2 and f"{agent}@v9 was never published" in missing.stderr
 
     # feedback joined: each scored response id reached its own call's transition, that reward
     scores = {r["id"]: float(r["value"]) for r in csv.DictReader(open(tmp_path / "scores.csv"))}
