@@ -55,10 +55,16 @@ def test_tiny_loop_completes_resumes_and_reports(tmp_path, capsys):
 
 
 def test_smollm2_team_reward_rises_after_one_round(tmp_path):
+    """The gate is off: what is asserted is learning, round 0's adapters sampled in round 1 and
+    the last ones on the held-out set, and a refused candidate could only make either fail.
+    With the demo's gate (32 tasks x 2 rollouts per version) the rounds played 192 gate
+    episodes beside their 128 rollouts and the 80 held-out ones, about half the test's model
+    calls; the gate's decisions are asserted in test_loop.py and, on vLLM, in
+    test_e2e_production.py."""
     data = closed_loop.main(["--workdir", str(tmp_path / "demo"), "--model", "smollm2",
                              "--rounds", "2", "--tasks-per-round", "16", "--rollouts", "4",
                              "--eval-size", "40", "--train.learning-rate", "4e-4",
-                             "--minutes", "60"])
+                             "--gate.rule", "off", "--minutes", "60"])
     r0, r1 = (r["episodes"]["team_reward"]["mean"] for r in data["rounds"])
     # round 1's rollouts are sampled from the adapters trained on round 0's. On 64 episodes each
     # the gain was 0.22 -> 0.56 in one run and 0.24 -> 0.31 in another (CI, 042642d): how much
