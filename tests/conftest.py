@@ -67,8 +67,9 @@ def tiny(tmp_path_factory) -> Path:
 
 
 # The e2e tests that only call the tiny model, load adapters under names of their own and never
-# restart the server (streamed ids, the judge, the main job's rounds) share one vLLM: a start
-# costs about 40 s on 2 quiet cores, 90 s beside a loaded suite, and was paid once per module.
+# restart the server (streamed ids, the judge, hot swap, a replica of the multi-host test, the
+# main job's rounds) share one vLLM: a start costs about 40 s on 2 quiet cores, 90 s beside a
+# loaded suite, and was paid once per module.
 SHARED_VLLM = "tiny_vllm"
 
 
@@ -78,11 +79,14 @@ def tiny_vllm(tiny, tmp_path_factory):
     on. 4096 positions: the tokenizer is byte-level, so a judge's prompt is 1-3k tokens. Its
     users run one after another (``pytest_collection_modifyitems``) and it stops after the last
     of them (``pytest_runtest_teardown``), so it never idles beside the rest of the suite."""
-    from agl_bridge.trainer.serving.vllm_server import VLLMServer
+    from agl_bridge.trainer.serving.vllm_server import VLLMServer, cpu_share
 
     root = tmp_path_factory.mktemp("vllm-tiny")
+    # bound to the first half of the cores: the multi-host test's second replica takes the
+    # other half (on 2 cores vLLM's own default binding is core 0 too)
     with VLLMServer(tiny, served_model_name="tiny", max_model_len=4096, kv_cache_gib=1,
-                    log_path=root / "vllm.log", startup_timeout_s=600) as server:
+                    log_path=root / "vllm.log", startup_timeout_s=600,
+                    cpu_cores=cpu_share(0, 2)) as server:
         yield server
 
 

@@ -10,7 +10,6 @@ import openai
 import pytest
 
 from agl_bridge.aliases import ALIASES_ENV, POLL_ENV
-from agl_bridge.trainer.models.tiny import build_tiny_model
 from agl_bridge.trainer.serving.alias_server import AliasServer
 from agl_bridge.trainer.serving.publisher import Publisher, PublishError
 from agl_bridge.trainer.serving.vllm_server import VLLMServer, cpu_share
@@ -18,26 +17,29 @@ from tests.trainer.serving.hot_swap import call_alias_until, versions
 
 pytestmark = pytest.mark.e2e
 CLIENTS_PER_REPLICA = 4
+ALIAS = "hosts"
 
 
-def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrumented,
-                                                               monkeypatch):
-    model = build_tiny_model(tmp_path / "model")
+def test_two_replicas_switch_together_over_an_http_alias_table(tiny, tiny_vllm, tmp_path,
+                                                               instrumented, monkeypatch):
+    """Replica 0 is the suite's shared server (tests/conftest.py), replica 1 one of this
+    test's own; the versions go under an alias of the test's own (``hosts``), so what it
+    asserts of the servers' adapters concerns only them."""
+    model = tiny
     dirs = versions(model, tmp_path / "adapters", 4)
     registry = tmp_path / "registry"
     # two hosts' replicas on this one: each bound to its own share of the cores (bound to
-    # the same cores, one replica's engine once stalled for minutes beside the other)
+    # the same cores, one replica's engine once stalled for minutes beside the other); the
+    # shared server is bound to cpu_share(0, 2)
+    r0 = tiny_vllm
     with VLLMServer(model, served_model_name="tiny", max_model_len=256, kv_cache_gib=1,
-                    max_loras=4, log_path=tmp_path / "vllm-0.log",
-                    cpu_cores=cpu_share(0, 2)) as r0, \
-            VLLMServer(model, served_model_name="tiny", max_model_len=256, kv_cache_gib=1,
-                       max_loras=4, log_path=tmp_path / "vllm-1.log",
-                       cpu_cores=cpu_share(1, 2)) as r1, \
+                    max_loras=4, log_path=tmp_path / "vllm-1.log",
+                    cpu_cores=cpu_share(1, 2)) as r1, \
             AliasServer(registry) as alias_server:
         replicas = [r0.base_url, r1.base_url]
         publisher = Publisher(replicas, registry, base_model=model, max_lora_rank=16,
                               drain_s=2.0)
-        publisher.publish(dirs[0], alias="team")
+        publisher.publish(dirs[0], alias=ALIAS)
         # the agents' hosts: the table only over HTTP, polled every 0.2 s
         monkeypatch.setenv(ALIASES_ENV, alias_server.url)
         monkeypatch.setenv(POLL_ENV, "0.2")
@@ -45,7 +47,7 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
 
         def agent(base_url):
             call_alias_until(stop, base_url, lambda t0, t1, model: calls.append(
-                (t0, t1, base_url, model)), errors)
+                (t0, t1, base_url, model)), errors, alias=ALIAS)
 
         def switched(url, name, since):
             """When ``url``'s agents first asked and got ``name`` after ``since`` (or None)."""
@@ -75,11 +77,11 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
                    for _ in range(CLIENTS_PER_REPLICA)]
         for t in threads:
             t.start()
-        switches = [(0.0, time.monotonic(), "team@v1")]
-        served_since("team@v1", switches[0][1])
+        switches = [(0.0, time.monotonic(), f"{ALIAS}@v1")]
+        served_since(f"{ALIAS}@v1", switches[0][1])
         for d in dirs[1:3]:
             started = time.monotonic()
-            name = publisher.publish(d, alias="team")
+            name = publisher.publish(d, alias=ALIAS)
             switches.append((started, time.monotonic(), name))
             served_since(name, switches[-1][1])
 
@@ -87,9 +89,9 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
         dead = "http://127.0.0.1:9/v1"
         with pytest.raises(PublishError, match=r"127\.0\.0\.1:9"):
             Publisher([r0.base_url, dead], registry, base_model=model, max_lora_rank=16,
-                      drain_s=2.0, timeout_s=10.0).publish(dirs[3], alias="team")
-        assert publisher.live("team") == "team@v3"
-        refused = {v.name: v.state for v in publisher.history["team"]}["team@v4"]
+                      drain_s=2.0, timeout_s=10.0).publish(dirs[3], alias=ALIAS)
+        assert publisher.live(ALIAS) == f"{ALIAS}@v3"
+        refused = {v.name: v.state for v in publisher.history[ALIAS]}[f"{ALIAS}@v4"]
         time.sleep(2.5)  # agents keep calling through the refusal
         stop.set()
         for t in threads:
@@ -101,7 +103,7 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
 
     assert errors == []  # zero failed requests on either replica through the switches
     names = [name for _, _, name in switches]
-    assert names == ["team@v1", "team@v2", "team@v3"]
+    assert names == [f"{ALIAS}@v1", f"{ALIAS}@v2", f"{ALIAS}@v3"]
     assert {m for *_, m in calls} <= set(names)
     for (_, returned, name), nxt in zip(switches, switches[1:] + [(float("inf"), None, None)]):
         for url in replicas:  # both replicas' agents moved, and stayed: from a second after
@@ -112,5 +114,5 @@ def test_two_replicas_switch_together_over_an_http_alias_table(tmp_path, instrum
             window = [m for t0, t1, u, m in calls if u == url and first + 1.0 <= t0
                       and t1 < nxt[0]]
             assert window and set(window) == {name}, (url, name, set(window))
-    assert refused == "retired" and "team@v4" in unloaded
-    assert all("team@v3" in ids and "team@v4" not in ids for ids in listed)
+    assert refused == "retired" and f"{ALIAS}@v4" in unloaded
+    assert all(f"{ALIAS}@v3" in ids and f"{ALIAS}@v4" not in ids for ids in listed)
