@@ -14,7 +14,13 @@ returns, advantages), 1e-5 on the final LoRA weights and value heads; observed: 
 5e-7, LoRA weights within 5e-6 after 8 steps, heads within 1e-7, from the gradient-norm clip
 (its norm summed shard by shard under FSDP, as a whole in one process: bit-identical with
 ``max_grad_norm`` 1e9, checked; and with the value heads started at zero, where no clipped
-step happened to round differently).
+step happened to round differently). On another CPU (an AMD EPYC, 2026-11-28) the same runs
+came out 2.5e-6 apart on a value loss of 0.47 and up to 1.1e-5 apart on LoRA weights of
+magnitude 0.37: the kernels round differently there, so the PPO comparisons of two processes
+with one allow 1e-5 relative on the metrics (``SHARDED_RTOL``) and 5e-5 on the final weights
+(``SHARDED_WEIGHT_ATOL``); a wrong reduction or a mis-sharded head moves them by the learning
+rate's scale, 5e-2 a step, far above either. Resumed against never stopped is the same order
+of operations and keeps 1e-6.
 Why the single thread matters: Adam's first step moves a weight by ``lr * g / (|g| + eps)``,
 so a gradient that differs in its last bits (another summation order) can move a weight by up
 to ``lr * diff / eps``; with two threads in the single process the critic's values differed
@@ -137,6 +143,10 @@ def test_two_fsdp_processes_train_what_one_does_and_a_sharded_checkpoint_resumes
 
 PPO_METRICS = ("losses", "policy_loss", "value_loss", "value_mean", "return_mean",
                "advantage_mean")
+# two processes against one (the module's docstring says why these): the metrics relative to
+# their size, the final weights absolute
+SHARDED_RTOL = 1e-5
+SHARDED_WEIGHT_ATOL = 5e-5
 
 
 def _weights(adapters_dir: Path, name: str, version: str) -> dict[str, torch.Tensor]:
@@ -158,7 +168,8 @@ def test_ppo_under_fsdp_trains_what_one_process_does_and_resumes_critic_included
     assert one[0]["steps"] == two[0]["steps"] == two[1]["steps"] == 8  # 2 x 16 / 2 / 2
     assert two[0]["adapter_per_micro"] == two[1]["adapter_per_micro"]
     for key in PPO_METRICS:
-        assert _interleave(two, key) == pytest.approx(one[0][key], abs=1e-6), key
+        assert _interleave(two, key) == pytest.approx(one[0][key], rel=SHARDED_RTOL,
+                                                      abs=1e-6), key
     values = one[0]["value_mean"]
     # each new head starts at its agent's mean return (both agents' rewards alike: the
     # returns to the chain's end at gamma 0.9, 0.382 over the trained tokens), and learns
@@ -169,7 +180,7 @@ def test_ppo_under_fsdp_trains_what_one_process_does_and_resumes_critic_included
         a = _weights(tmp_path / "one" / "adapters", name, "v0001")
         b = _weights(tmp_path / "two" / "adapters", name, "v0001")
         assert a.keys() == b.keys() and {"head.weight", "head.bias"} <= set(b)
-        assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), name
+        assert all(torch.allclose(a[k], b[k], atol=SHARDED_WEIGHT_ATOL) for k in a), name
         assert b["head.weight"].abs().sum() > 0 and b["head.weight"].shape == (1, 64)
 
     # stopped after 2 steps, checkpointing each: the critic is in the shards, the GAE targets
@@ -214,12 +225,13 @@ def test_per_agent_models_sharded_one_after_the_other(tiny, tmp_path, algorithm)
             mine = [v for v, a in zip(one[0][key], one[0]["adapter_per_micro"]) if a == agent]
             theirs = _interleave([{key: [v for v, a in zip(r[key], r["adapter_per_micro"])
                                          if a == agent]} for r in two], key)
-            assert theirs == pytest.approx(mine, abs=1e-6 if algorithm else 1e-5), (key, agent)
+            assert theirs == pytest.approx(mine, rel=SHARDED_RTOL if algorithm else None,
+                                           abs=1e-6 if algorithm else 1e-5), (key, agent)
     assert sorted(two[0]["adapters"]) == ["a", "b"]
     for agent in ("a", "b") if algorithm else ():
         a = _weights(tmp_path / "one" / "adapters", agent, "v0001")
         b = _weights(tmp_path / "two" / "adapters", agent, "v0001")
-        assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), agent
+        assert all(torch.allclose(a[k], b[k], atol=SHARDED_WEIGHT_ATOL) for k in a), agent
         assert b["head.weight"].abs().sum() > 0, agent
 
 
